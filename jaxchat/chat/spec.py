@@ -45,7 +45,7 @@ _MARKERS: dict[str, tuple[str, str, str, str, tuple[str, ...], tuple[str, ...]]]
     "qwen_xml": (*_THINK, "<tool_call>", "</tool_call>", ("<|im_end|>", "<|endoftext|>"), ()),
     "lfm2": (*_THINK, "<|tool_call_start|>", "<|tool_call_end|>", ("<|im_end|>", "<|endoftext|>"), ()),
     "gemma4": ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", ("<turn|>", "<|tool_response>"), ("<|tool_response>",)),
-    "harmony": ("<|channel|>analysis<|message|>", "<|end|>", " to=functions.", "<|call|>", ("<|return|>", "<|call|>"), ("<|call|>",)),
+    "harmony": ("<|channel|>analysis<|message|>", "<|end|>", " to=functions.", "<|call|>", ("<|return|>",), ("<|call|>",)),
 }
 
 # Kinds whose reasoning markers are fixed by the format rather than by `<think>` being known.

@@ -1,0 +1,231 @@
+"""Checks behind `chat_constraint_request_from_openai`: JSON value helpers, `tools`, `tool_choice`.
+
+Every function here either returns a normalised value or raises `RequestError` whose `param`
+is the OpenAI-style path of the offending field (`tools[2].function.parameters`,
+`tool_choice.allowed_tools.tools[0].function.name`). A request field set to null reads as
+missing; values inside a JSON schema are copied verbatim (`"default": null` means something).
+Pure stdlib: this module is imported by `jaxchat.chat`, which must load without jax or numpy.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .request import RequestError
+
+MAX_TOOLS = 128
+# JSON containers (objects and arrays) a schema may nest. OpenAI's own structured-output limit is
+# 10 object levels; with `properties`/`items`/`anyOf` in between that is about 30 containers.
+MAX_SCHEMA_DEPTH = 64
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TOOL_CHOICE_MODES = ("none", "auto", "required")
+
+
+def got(value: object) -> str:
+    """Describe a received value for an error message: `string 'x'`, `number 3`, `an array` ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"string {shown!r}"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def expect_object(value: object, param: str, what: str = "an object") -> dict:
+    if not isinstance(value, dict):
+        raise RequestError(param, f"expected {what}, got {got(value)}")
+    return value
+
+
+def expect_bool(value: object, param: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(param, f"expected a boolean (true or false), got {got(value)}")
+    return value
+
+
+def expect_name(value: object, param: str, what: str) -> str:
+    if value is None:
+        raise RequestError(param, f"missing required field: the {what}")
+    if not isinstance(value, str):
+        raise RequestError(param, f"expected the {what} as a string, got {got(value)}")
+    if not NAME_RE.fullmatch(value):
+        raise RequestError(param, f"invalid {what} {value!r}: use 1 to 64 characters from a-z, A-Z, 0-9, '_' and '-'")
+    return value
+
+
+def copy_schema(value: object, param: str) -> dict:
+    """Deep-copy a JSON schema object, checking it holds only JSON values and is not nested too deep."""
+    if not isinstance(value, dict):
+        raise RequestError(param, f"expected a JSON schema object, got {got(value)}")
+    return _copy_json(value, param, 1)
+
+
+def _copy_json(value: object, param: str, depth: int) -> object:
+    if isinstance(value, (dict, list, tuple)):
+        if depth > MAX_SCHEMA_DEPTH:
+            raise RequestError(
+                param, f"schema is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of objects and arrays"
+            )
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise RequestError(param, f"schema keys must be strings, got {got(key)}")
+                out[key] = _copy_json(item, param, depth + 1)
+            return out
+        return [_copy_json(item, param, depth + 1) for item in value]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    raise RequestError(param, f"schema must hold only JSON values, got {got(value)}")
+
+
+def parse_tools(raw: object) -> tuple[dict, ...]:
+    """`tools` → normalised `{"type": "function", "function": {name, description, parameters, strict}}`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise RequestError("tools", f"expected an array of tool objects, got {got(raw)}")
+    if len(raw) > MAX_TOOLS:
+        raise RequestError("tools", f"at most {MAX_TOOLS} tools are allowed, got {len(raw)}")
+    seen: dict[str, int] = {}
+    out = []
+    for i, tool in enumerate(raw):
+        p = f"tools[{i}]"
+        expect_object(tool, p, "a tool object")
+        kind = tool.get("type")
+        if kind is not None and kind != "function":
+            raise RequestError(f"{p}.type", f"only 'function' tools are supported, got {got(kind)}")
+        fn = tool.get("function")
+        if fn is None:
+            raise RequestError(f"{p}.function", "missing required field: the function definition")
+        expect_object(fn, f"{p}.function", "a function definition object")
+        name = expect_name(fn.get("name"), f"{p}.function.name", "function name")
+        if name in seen:
+            raise RequestError(
+                f"{p}.function.name", f"duplicate function name {name!r}: tools[{seen[name]}] already defines it"
+            )
+        seen[name] = i
+        description = fn.get("description")
+        if description is None:
+            description = ""
+        elif not isinstance(description, str):
+            raise RequestError(f"{p}.function.description", f"expected a string, got {got(description)}")
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": description,
+                    "parameters": _parse_parameters(fn.get("parameters"), f"{p}.function.parameters"),
+                    "strict": expect_bool(fn.get("strict"), f"{p}.function.strict", False),
+                },
+            }
+        )
+    return tuple(out)
+
+
+def _parse_parameters(raw: object, param: str) -> dict:
+    if raw is None:
+        return {"type": "object", "properties": {}}
+    schema = copy_schema(raw, param)
+    kind = schema.get("type")
+    if kind is not None and kind != "object":
+        raise RequestError(param, f"function parameters must be a JSON schema of type 'object', got type {got(kind)}")
+    props = schema.get("properties")
+    if props is not None and not isinstance(props, dict):
+        raise RequestError(f"{param}.properties", f"expected an object mapping names to schemas, got {got(props)}")
+    required = schema.get("required")
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise RequestError(f"{param}.required", "expected an array of property names (strings)")
+    return schema
+
+
+def parse_tool_choice(raw: object, names: tuple[str, ...]) -> tuple[str, tuple[str, ...], str | None]:
+    """`tool_choice` → (mode, allowed tool names, named tool or None), given the declared tool names."""
+    if raw is None:
+        return ("auto", names, None) if names else ("none", (), None)
+    if isinstance(raw, str):
+        if raw not in TOOL_CHOICE_MODES:
+            raise RequestError(
+                "tool_choice", f"expected 'none', 'auto', 'required' or a tool choice object, got {got(raw)}"
+            )
+        if raw == "required" and not names:
+            raise RequestError("tool_choice", "tool_choice 'required' needs at least one tool in 'tools'")
+        if raw == "none" or not names:  # "auto" with no tools has nothing to call
+            return "none", (), None
+        return raw, names, None
+    if not isinstance(raw, dict):
+        raise RequestError(
+            "tool_choice", f"expected 'none', 'auto', 'required' or a tool choice object, got {got(raw)}"
+        )
+    kind = raw.get("type")
+    if kind is None:  # tolerate a missing type when the shape says which form it is
+        if raw.get("function") is not None:
+            kind = "function"
+        elif raw.get("allowed_tools") is not None:
+            kind = "allowed_tools"
+        else:
+            raise RequestError("tool_choice.type", "missing required field: 'function' or 'allowed_tools'")
+    if kind not in ("function", "allowed_tools"):
+        raise RequestError("tool_choice.type", f"expected 'function' or 'allowed_tools', got {got(kind)}")
+    if not names:
+        raise RequestError("tool_choice", f"a tool_choice of type {kind!r} needs at least one tool in 'tools'")
+    if kind == "function":
+        name = _tool_ref_name(raw, "tool_choice", names)
+        return "required", (name,), name
+    allowed = raw.get("allowed_tools")
+    if allowed is None:
+        raise RequestError("tool_choice.allowed_tools", "missing required field: the allowed_tools object")
+    expect_object(allowed, "tool_choice.allowed_tools", "an object with 'mode' and 'tools'")
+    mode = allowed.get("mode")
+    if mode is None:
+        raise RequestError("tool_choice.allowed_tools.mode", "missing required field: 'auto' or 'required'")
+    if mode not in ("auto", "required"):
+        raise RequestError("tool_choice.allowed_tools.mode", f"expected 'auto' or 'required', got {got(mode)}")
+    refs = allowed.get("tools")
+    if refs is None:
+        raise RequestError("tool_choice.allowed_tools.tools", "missing required field: the array of allowed tools")
+    if not isinstance(refs, list):
+        raise RequestError("tool_choice.allowed_tools.tools", f"expected an array of tool references, got {got(refs)}")
+    if not refs:
+        raise RequestError("tool_choice.allowed_tools.tools", "expected at least one tool, got an empty array")
+    picked: list[str] = []
+    for i, ref in enumerate(refs):
+        name = _tool_ref_name(ref, f"tool_choice.allowed_tools.tools[{i}]", names)
+        if name not in picked:
+            picked.append(name)
+    return mode, tuple(picked), None
+
+
+def _tool_ref_name(ref: object, p: str, names: tuple[str, ...]) -> str:
+    """The name in `{"type": "function", "function": {"name": N}}` (or the flat `{"type": "function", "name": N}`)."""
+    expect_object(ref, p, "a tool reference object like {'type': 'function', 'function': {'name': ...}}")
+    kind = ref.get("type")
+    if kind is not None and kind != "function":
+        raise RequestError(f"{p}.type", f"only 'function' tools are supported, got {got(kind)}")
+    fn = ref.get("function")
+    if fn is None and ref.get("name") is not None:
+        name, param = ref["name"], f"{p}.name"
+    elif fn is None:
+        raise RequestError(f"{p}.function", "missing required field: an object with the function name")
+    else:
+        expect_object(fn, f"{p}.function", "an object with the function name")
+        name, param = fn.get("name"), f"{p}.function.name"
+    if name is None:
+        raise RequestError(param, "missing required field: the function name")
+    if not isinstance(name, str):
+        raise RequestError(param, f"expected the function name as a string, got {got(name)}")
+    if name not in names:
+        known = ", ".join(repr(n) for n in names[:8]) + (", ..." if len(names) > 8 else "")
+        raise RequestError(param, f"unknown function {name!r}: it is not among the declared tools ({known})")
+    return name

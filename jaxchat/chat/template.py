@@ -1,0 +1,272 @@
+"""Render a prompt with the model's own Jinja chat template, the way transformers does.
+
+Contract:
+- `ChatTemplate(source, bos_token="", eos_token="", special_tokens=None)` compiles `source` once in a
+  sandboxed Jinja environment (`ImmutableSandboxedEnvironment`, `trim_blocks`/`lstrip_blocks`, loop
+  controls, the `{% generation %}` block) with the globals and filters transformers gives templates:
+  `raise_exception`, `strftime_now`, `namespace`, `dict`, and a `tojson` filter that never escapes HTML
+  (`ensure_ascii=False` by default; `indent`, `separators`, `sort_keys` accepted).
+- `.render(messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str` renders OpenAI
+  chat messages. Messages are normalised into the shape templates expect: keys set to None are dropped;
+  a content list of text parts becomes one string (parts joined with "\\n"); assistant `tool_calls` keep
+  the OpenAI form and their `function.arguments` JSON string is decoded to a mapping (most templates
+  apply `| tojson` to it), with `name` / `arguments` also at the top level of each call; reasoning
+  given as `reasoning_content`, `reasoning` or `thinking` is visible under `reasoning_content` and
+  `thinking`. An empty tools list reads as no tools. Template variables: `messages`, `tools`,
+  `documents` (None), `add_generation_prompt`, the special tokens, `bos_token`, `eos_token`, then
+  `template_kwargs` (e.g. `enable_thinking`), which override the tokens.
+- User data is only ever data: Jinja syntax inside a message or tool is rendered as text. Anything
+  that goes wrong in a template, including `raise_exception(msg)` and attempts to reach Python
+  internals, raises `TemplateError` (a `ValueError`).
+- `.tools_enabled` tells whether the template renders tools at all (a probe tool shows up in the
+  prompt).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = ["ChatTemplate", "TemplateError", "normalize_messages"]
+
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+_PROBE_TOOL = "jaxchat_probe_tool_q7x"
+
+
+class TemplateError(ValueError):
+    """A chat template could not be compiled or rendered, or rejected its input."""
+
+
+# --- the Jinja environment -------------------------------------------------------------------
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; here it renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_render_body")
+        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+class _SafeNamespace(jinja2.utils.Namespace):
+    """A `namespace()` that refuses underscore-prefixed attribute names."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - `self` may also be a keyword
+        self, rest = args[0], args[1:]
+        values = dict(*rest, **kwargs)
+        for key in values:
+            _SafeNamespace._check(key)
+        jinja2.utils.Namespace.__init__(self, values)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        _SafeNamespace._check(key)
+        jinja2.utils.Namespace.__setitem__(self, key, value)
+
+    @staticmethod
+    def _check(key: Any) -> None:
+        if isinstance(key, str) and key.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"namespace attribute {key!r} starts with an underscore")
+
+
+class _DictFactory:
+    """`dict(...)` for templates, without exposing the `dict` type itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, keys: Any, value: Any = None) -> dict:
+        return dict.fromkeys(keys, value)
+
+
+def _raise_exception(message: Any) -> None:
+    raise jinja2.exceptions.TemplateError(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _make_environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["namespace"] = _SafeNamespace
+    env.globals["dict"] = _DictFactory()
+    return env
+
+
+# --- message normalisation --------------------------------------------------------------------
+
+
+def _plain(value: Any, where: str) -> Any:
+    """A fresh copy of `value` made only of JSON types (tuples stay tuples), with None-valued keys kept."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, list):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TemplateError(f"{where}: cannot pass a {type(value).__name__} to a chat template")
+
+
+def _content_text(content: Any, where: str) -> Any:
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise TemplateError(f"{where}[{j}]: unsupported content part type {kind!r} (only text parts)")
+    return "\n".join(texts)
+
+
+def _decode_arguments(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except ValueError:
+            return arguments
+        if isinstance(decoded, dict):
+            return decoded
+    return arguments
+
+
+def _tool_call(call: Any, where: str) -> dict:
+    if not isinstance(call, dict):
+        raise TemplateError(f"{where}: a tool call must be an object")
+    call = dict(call)
+    function = call.get("function")
+    if isinstance(function, dict):
+        function = dict(function)
+        if "arguments" in function:
+            function["arguments"] = _decode_arguments(function["arguments"])
+        call["function"] = function
+        for key in ("name", "arguments"):
+            if key in function and key not in call:
+                call[key] = function[key]
+    elif "arguments" in call:
+        call["arguments"] = _decode_arguments(call["arguments"])
+    return call
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """OpenAI chat messages in the shape chat templates expect (see the module docstring)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TemplateError("messages: must be a list of message objects")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise TemplateError(f"{where}: must be an object, got {type(message).__name__}")
+        msg = {k: v for k, v in _plain(message, where).items() if v is not None}
+        if not isinstance(msg.get("role"), str):
+            raise TemplateError(f"{where}.role: must be a string")
+        if "content" in msg:
+            msg["content"] = _content_text(msg["content"], f"{where}.content")
+        if "tool_calls" in msg:
+            if not isinstance(msg["tool_calls"], list):
+                raise TemplateError(f"{where}.tool_calls: must be a list")
+            msg["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(msg["tool_calls"])]
+        reasoning = next((msg[k] for k in _REASONING_KEYS if k in msg), None)
+        if reasoning is not None:
+            msg.setdefault("thinking", reasoning)
+            msg["reasoning_content"] = reasoning
+        out.append(msg)
+    return out
+
+
+# --- the template -----------------------------------------------------------------------------
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may refer to."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
+                 special_tokens: Mapping[str, str] | None = None):
+        if not isinstance(source, str):
+            raise TemplateError("chat template: source must be a string")
+        self.source = source
+        self._variables: dict[str, Any] = {str(k): v for k, v in (special_tokens or {}).items() if v is not None}
+        self._variables["bos_token"] = bos_token
+        self._variables["eos_token"] = eos_token
+        try:
+            self._compiled = _make_environment().from_string(source)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template does not compile: {exc}") from exc
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+               add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+        """The prompt text for `messages` (and `tools`), ending with the assistant's turn header if asked."""
+        variables = dict(self._variables)
+        variables.update(
+            messages=normalize_messages(messages),
+            tools=_plain(list(tools), "tools") if tools else None,
+            documents=None,
+            add_generation_prompt=bool(add_generation_prompt),
+        )
+        for key in ("messages", "tools", "add_generation_prompt"):
+            if key in template_kwargs:
+                raise TemplateError(f"chat_template_kwargs.{key}: reserved template variable")
+        variables.update(_plain(template_kwargs, "chat_template_kwargs"))
+        try:
+            return self._compiled.render(**variables)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(exc.message or type(exc).__name__) from exc
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
+                RecursionError) as exc:
+            raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    @cached_property
+    def tools_enabled(self) -> bool:
+        """Whether the template puts tools into the prompt (it renders a probe tool's name)."""
+        probe = [{"role": "user", "content": "What is the weather?"}]
+        tool = {
+            "type": "function",
+            "function": {
+                "name": _PROBE_TOOL,
+                "description": "Probe tool.",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+            },
+        }
+        try:
+            with_tools = self.render(probe, tools=[tool])
+            without = self.render(probe)
+        except TemplateError:
+            return False
+        return _PROBE_TOOL in with_tools and _PROBE_TOOL not in without

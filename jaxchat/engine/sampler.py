@@ -1,0 +1,160 @@
+"""The masked sampler: pure JAX, traced into the same XLA program as the model's forward.
+
+Contract of `sample(logits, bitmask, counts, prompt_mask, params, valid_vocab)`:
+- `logits` f32[B, V]; `bitmask` int32[B, ceil(V/32)] (bit j of word i = token 32*i + j, 1 = allowed; a row
+  of all ones (-1 words) is unconstrained); ids >= `valid_vocab` (vocabulary padding) are always disallowed.
+- Penalties (per row): repetition (vLLM/HF semantics, over prompt and generated tokens: positive logits
+  divided, negative multiplied), presence and frequency (OpenAI semantics, over generated tokens, from
+  `counts` int32[B, V]); then temperature, min-p, top-k and top-p, then a categorical draw keyed by
+  fold_in(fold_in(key(0), seed), step) per row.  Temperature 0 means greedy (argmax after penalties/mask).
+- The returned token is always allowed by the row's mask when the mask allows anything: if the draw lands
+  outside it or on a non-finite logit (e.g. NaN logits), the best allowed token is used instead.
+- Every parameter is an array, so changing values never recompiles; branches that no row needs (the
+  sort for top-k/top-p, the random draw, logprobs) are skipped at run time with `lax.cond`.
+- Logprobs are of the model's raw distribution (padding excluded): the chosen token's and the top
+  `LOGPROB_TOPK`, computed when any row asks for them (zeros otherwise).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LOGPROB_TOPK = 20
+_HUGE = 3.0e38
+
+
+class SamplingArrays(NamedTuple):
+    """Per-row sampling parameters, each shaped [B]."""
+
+    temperature: jax.Array  # f32
+    top_p: jax.Array  # f32
+    top_k: jax.Array  # i32, 0 = off
+    min_p: jax.Array  # f32
+    presence: jax.Array  # f32
+    frequency: jax.Array  # f32
+    repetition: jax.Array  # f32, 1 = off
+    seed: jax.Array  # u32
+    step: jax.Array  # i32, tokens generated so far by the row
+    logprobs: jax.Array  # bool
+
+    @staticmethod
+    def numpy(batch: int) -> SamplingArrays:
+        """Neutral (greedy, unpenalised) host-side arrays for `batch` rows."""
+        return SamplingArrays(
+            temperature=np.zeros(batch, np.float32),
+            top_p=np.ones(batch, np.float32),
+            top_k=np.zeros(batch, np.int32),
+            min_p=np.zeros(batch, np.float32),
+            presence=np.zeros(batch, np.float32),
+            frequency=np.zeros(batch, np.float32),
+            repetition=np.ones(batch, np.float32),
+            seed=np.zeros(batch, np.uint32),
+            step=np.zeros(batch, np.int32),
+            logprobs=np.zeros(batch, np.bool_),
+        )
+
+
+class SampleOut(NamedTuple):
+    tokens: jax.Array  # i32[B]
+    logprob: jax.Array  # f32[B]
+    top_ids: jax.Array  # i32[B, LOGPROB_TOPK]
+    top_logprobs: jax.Array  # f32[B, LOGPROB_TOPK]
+
+
+def unpack_bitmask(bitmask: jax.Array, vocab: int, valid_vocab: int) -> jax.Array:
+    """bool[B, vocab]: bit (id % 32) of word (id // 32), and id < valid_vocab."""
+    shifts = jnp.arange(32, dtype=jnp.int32)
+    bits = (bitmask[:, :, None] >> shifts) & 1
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].astype(bool)
+    return allowed & (jnp.arange(vocab) < valid_vocab)[None, :]
+
+
+def apply_penalties(x: jax.Array, counts: jax.Array, prompt_mask: jax.Array, p: SamplingArrays) -> jax.Array:
+    rep = p.repetition[:, None]
+    seen = prompt_mask | (counts > 0)
+    x = jnp.where(seen & (rep != 1.0), jnp.where(x > 0, x / rep, x * rep), x)
+    return x - p.presence[:, None] * (counts > 0) - p.frequency[:, None] * counts
+
+
+def _truncate_sorted(y: jax.Array, p: SamplingArrays) -> jax.Array:
+    """Top-k then top-p on temperature-scaled logits y [B, V] (one descending sort per row)."""
+    vocab = y.shape[-1]
+    ys = -jnp.sort(-y, axis=-1)
+    k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, vocab), vocab)
+    kth = jnp.take_along_axis(ys, (k - 1)[:, None], axis=-1)
+    y = jnp.where(y < kth, -jnp.inf, y)
+    ys = jnp.where(jnp.arange(vocab)[None, :] < k[:, None], ys, -jnp.inf)
+    probs = jax.nn.softmax(ys, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted entry
+    keep = jnp.maximum(jnp.sum(before < p.top_p[:, None], axis=-1), 1)
+    pth = jnp.take_along_axis(ys, (keep - 1)[:, None], axis=-1)
+    return jnp.where(y < pth, -jnp.inf, y)
+
+
+def _draw(x: jax.Array, p: SamplingArrays) -> jax.Array:
+    t = jnp.where(p.temperature > 0, p.temperature, 1.0)[:, None]
+    y = x / t
+    ymax = jnp.max(y, axis=-1, keepdims=True)
+    min_p = p.min_p[:, None]
+    y = jnp.where((min_p > 0) & (y < ymax + jnp.log(jnp.maximum(min_p, 1e-30))), -jnp.inf, y)
+    need_sort = jnp.any((p.top_k > 0) | (p.top_p < 1.0))
+    y = jax.lax.cond(need_sort, _truncate_sorted, lambda y, p: y, y, p)
+    base = jax.random.key(0)
+
+    def one(row, seed, step):
+        key = jax.random.fold_in(jax.random.fold_in(base, seed), step)
+        return jax.random.categorical(key, row)
+
+    return jax.vmap(one)(y, p.seed, p.step).astype(jnp.int32)
+
+
+def _logprobs(logits: jax.Array, tokens: jax.Array, valid_vocab: int):
+    vocab = logits.shape[-1]
+    lp = jax.nn.log_softmax(jnp.where(jnp.arange(vocab)[None, :] < valid_vocab, logits, -jnp.inf), axis=-1)
+    chosen = jnp.take_along_axis(lp, tokens[:, None], axis=-1)[:, 0]
+    top_lp, top_ids = jax.lax.top_k(lp, min(LOGPROB_TOPK, vocab))
+    return chosen, top_ids.astype(jnp.int32), top_lp
+
+
+def _no_logprobs(logits: jax.Array, tokens: jax.Array, valid_vocab: int):
+    b, k = logits.shape[0], min(LOGPROB_TOPK, logits.shape[-1])
+    return jnp.zeros((b,), jnp.float32), jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k), jnp.float32)
+
+
+def sample(
+    logits: jax.Array,
+    bitmask: jax.Array | None,
+    counts: jax.Array,
+    prompt_mask: jax.Array,
+    p: SamplingArrays,
+    valid_vocab: int,
+) -> SampleOut:
+    """Sample one token per row; `bitmask=None` skips the grammar mask (padding is still masked)."""
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    if bitmask is None:
+        allowed = jnp.broadcast_to(jnp.arange(vocab)[None, :] < valid_vocab, logits.shape)
+    else:
+        allowed = unpack_bitmask(bitmask, vocab, valid_vocab)
+    x = jnp.where(allowed, apply_penalties(logits, counts, prompt_mask, p), -jnp.inf)
+    greedy = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    tokens = jax.lax.cond(
+        jnp.any(p.temperature > 0),
+        lambda: jnp.where(p.temperature > 0, _draw(x, p), greedy),
+        lambda: greedy,
+    )
+    # Safety net: a token outside the mask or on a non-finite logit falls back to the best allowed token.
+    picked = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]
+    ok = jnp.take_along_axis(allowed, tokens[:, None], axis=-1)[:, 0] & jnp.isfinite(picked)
+    safe = jnp.where(allowed, jnp.nan_to_num(x, nan=-_HUGE, posinf=_HUGE, neginf=-_HUGE), -jnp.inf)
+    tokens = jnp.where(ok, tokens, jnp.argmax(safe, axis=-1).astype(jnp.int32))
+    chosen, top_ids, top_lp = jax.lax.cond(
+        jnp.any(p.logprobs),
+        lambda: _logprobs(logits, tokens, valid_vocab),
+        lambda: _no_logprobs(logits, tokens, valid_vocab),
+    )
+    return SampleOut(tokens, chosen, top_ids, top_lp)

@@ -1,0 +1,263 @@
+"""Continuous batching over a fixed set of slots: the synchronous host loop body.
+
+Contract:
+- `Scheduler.submit(request, emit)` queues a request; `emit(GenerationOutput)` is called (from the thread
+  that calls `step()`) with each delta, the last one having `finished=True` and a `finish_reason`.
+- `step()` does one iteration: apply aborts, admit and prefill up to `max_prefills_per_step` waiting
+  requests into free slots, then one batched decode step over the running rows.  Active requests always
+  occupy slots `0..n-1` (a finished request's slot is refilled by moving the highest one down), so the
+  decode batch bucket is the smallest one >= n and host work is proportional to the active rows only.
+- Per row: its own constraint (None = all-ones mask, no host work), sampling parameters and stop
+  conditions (eos ids unless `ignore_eos`, `stop_token_ids`, stop strings, `max_tokens`,
+  `constraint.is_terminated()`, the context filling up -> "length").  A stop token's text is not emitted.
+- An exception raised while handling one request (constraint, detokeniser, invalid prompt) ends that
+  request with finish_reason "error" and `error` set; the other requests continue.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jaxchat.engine.sampler import SampleOut, SamplingArrays
+from jaxchat.engine.step import StepRunner, bucket_for
+from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
+from jaxchat.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
+
+Emit = Callable[[GenerationOutput], None]
+
+
+@dataclass(eq=False)
+class _Seq:
+    req: GenerationRequest
+    emit: Emit
+    stop_ids: frozenset[int]
+    detok: IncrementalDetokenizer | None = None
+    stops: StopStringMatcher | None = None
+    slot: int = -1
+    pos: int = 0  # cache position the next input token is written at
+    generated: int = 0
+    finished: bool = False
+    out_ids: list[int] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, runner: StepRunner, tokenizer: Any, eos_token_ids: tuple[int, ...] = (),
+                 max_prefills_per_step: int = 4) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_token_ids)
+        self.max_prefills_per_step = max_prefills_per_step
+        b, w = runner.max_batch, runner.mask_words
+        self.slots: list[_Seq | None] = [None] * b
+        self.n_active = 0
+        self.tokens = np.zeros(b, np.int32)
+        self.positions = np.full(b, -1, np.int32)
+        self.bitmask = np.full((b, w), -1, np.int32)
+        self.sp = SamplingArrays.numpy(b)
+        self.waiting: collections.deque[_Seq] = collections.deque()
+        self._inbox: collections.deque[_Seq] = collections.deque()
+        self._aborts: collections.deque[str] = collections.deque()
+        self._lock = threading.Lock()
+        self.steps = 0
+        self.generated_tokens = 0
+
+    # ---- thread-safe entry points -----------------------------------------------------------------
+    def submit(self, request: GenerationRequest, emit: Emit) -> None:
+        s = request.sampling
+        stop_ids = set(s.stop_token_ids) | (set() if s.ignore_eos else set(self.eos_ids))
+        with self._lock:
+            self._inbox.append(_Seq(request, emit, frozenset(stop_ids)))
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.n_active or self.waiting or self._inbox or self._aborts)
+
+    # ---- the loop body ---------------------------------------------------------------------------
+    def step(self) -> None:
+        with self._lock:
+            self.waiting.extend(self._inbox)
+            self._inbox.clear()
+            aborts = set(self._aborts)
+            self._aborts.clear()
+        if aborts:
+            self._apply_aborts(aborts)
+        admitted = 0
+        while self.waiting and self.n_active < len(self.slots) and admitted < self.max_prefills_per_step:
+            self._admit(self.waiting.popleft())
+            admitted += 1
+        if self.n_active:
+            self._decode()
+        self.steps += 1
+
+    def fail_all(self, message: str) -> None:
+        """End every running and waiting request with an error (a device step itself failed)."""
+        for seq in [s for s in self.slots[: self.n_active] if s is not None] + list(self.waiting):
+            self._finish(seq, "error", error=message)
+        self.waiting.clear()
+        self._compact()
+
+    def _apply_aborts(self, ids: set[str]) -> None:
+        for seq in [s for s in self.waiting if s.req.request_id in ids]:
+            self.waiting.remove(seq)
+            self._finish(seq, "abort")
+        for seq in self.slots[: self.n_active]:
+            if seq is not None and seq.req.request_id in ids:
+                self._finish(seq, "abort")
+        self._compact()
+
+    def _admit(self, seq: _Seq) -> None:
+        req, r = seq.req, self.runner
+        try:
+            n = len(req.prompt_ids)
+            if n == 0:
+                raise ValueError("prompt_ids is empty")
+            if n >= r.max_context:
+                raise ValueError(f"prompt_ids: {n} tokens leave no room in the context of {r.max_context}")
+            seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids)
+            seq.stops = StopStringMatcher(req.sampling.stop)
+            slot = self.n_active
+            self._set_sampling(slot, req)
+            row = self.bitmask[slot]
+            row.fill(-1)
+            if req.constraint is not None:
+                req.constraint.fill_mask(row)
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self._finish(seq, "error", error=f"{type(e).__name__}: {e}")
+            return
+        seq.slot, seq.pos = slot, n
+        self.slots[slot] = seq
+        self.n_active += 1
+        sp1 = SamplingArrays(*(a[slot : slot + 1] for a in self.sp))
+        out = r.prefill(slot, req.prompt_ids, self.bitmask[slot : slot + 1], sp1)
+        self._on_token(seq, out, 0)
+        self._compact()
+
+    def _set_sampling(self, slot: int, req: GenerationRequest) -> None:
+        s, sp = req.sampling, self.sp
+        sp.temperature[slot] = max(s.temperature, 0.0)
+        sp.top_p[slot] = s.top_p
+        sp.top_k[slot] = s.top_k
+        sp.min_p[slot] = s.min_p
+        sp.presence[slot] = s.presence_penalty
+        sp.frequency[slot] = s.frequency_penalty
+        sp.repetition[slot] = s.repetition_penalty
+        seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
+        sp.seed[slot] = seed & 0xFFFFFFFF
+        sp.step[slot] = 0
+        sp.logprobs[slot] = s.logprobs is not None
+
+    def _decode(self) -> None:
+        b = bucket_for(self.n_active, self.runner.batch_buckets)
+        sp = SamplingArrays(*(a[:b] for a in self.sp))
+        out = self.runner.decode(self.tokens[:b], self.positions[:b], self.bitmask[:b], sp)
+        for i in range(self.n_active):
+            seq = self.slots[i]
+            if seq is not None and not seq.finished:
+                self._on_token(seq, out, i)
+        self._compact()
+
+    # ---- per-token host work (one active row) -----------------------------------------------------
+    def _on_token(self, seq: _Seq, out: SampleOut, i: int) -> None:
+        tok = int(out.tokens[i])
+        s = seq.req.sampling
+        seq.generated += 1
+        seq.out_ids.append(tok)
+        self.generated_tokens += 1
+        lps = None
+        if s.logprobs is not None:
+            k = min(s.logprobs, out.top_ids.shape[1])
+            top = [(int(t), float(v)) for t, v in zip(out.top_ids[i, :k], out.top_logprobs[i, :k], strict=True)]
+            lps = [TokenLogprob(tok, float(out.logprob[i]), top)]
+        try:
+            text, reason, stop_reason = self._advance(seq, tok)
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self._finish(seq, "error", error=f"{type(e).__name__}: {e}", token_ids=[tok])
+            return
+        if reason is not None:
+            self._finish(seq, reason, stop_reason=stop_reason, text=text, token_ids=[tok], logprobs=lps)
+            return
+        seq.emit(GenerationOutput(seq.req.request_id, [tok], text, logprobs=lps,
+                                  num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated))
+        slot = seq.slot
+        self.tokens[slot] = tok
+        self.positions[slot] = seq.pos
+        self.sp.step[slot] = seq.generated
+        seq.pos += 1
+
+    def _advance(self, seq: _Seq, tok: int) -> tuple[str, str | None, str | int | None]:
+        """Feed one token through constraint, stop checks and detokeniser; may fill the next mask."""
+        req, s = seq.req, seq.req.sampling
+        c = req.constraint
+        if c is not None and not c.accept(tok):
+            raise RuntimeError(f"constraint rejected token {tok}")
+        if tok in seq.stop_ids:
+            return self._flush(seq), "stop", tok
+        text, stop = seq.stops.push(seq.detok.add(tok))
+        if stop is not None:
+            return text, "stop", stop
+        if c is not None and c.is_terminated():
+            return text + self._flush(seq), "stop", None
+        if seq.generated >= s.max_tokens or seq.pos >= self.runner.max_context:
+            return text + self._flush(seq), "length", None
+        if c is not None:
+            c.fill_mask(self.bitmask[seq.slot])
+        return text, None, None
+
+    @staticmethod
+    def _flush(seq: _Seq) -> str:
+        text, stop = seq.stops.push(seq.detok.flush())
+        return text if stop is not None else text + seq.stops.flush()
+
+    def _finish(self, seq: _Seq, reason: str, *, stop_reason=None, error: str | None = None, text: str = "",
+                token_ids: list[int] | None = None, logprobs=None) -> None:
+        if seq.finished:
+            return
+        seq.finished = True
+        try:
+            seq.emit(GenerationOutput(
+                seq.req.request_id, token_ids or [], text, finished=True, finish_reason=reason,
+                stop_reason=stop_reason, error=error, logprobs=logprobs,
+                num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated))
+        finally:
+            if seq.slot >= 0:
+                self.positions[seq.slot] = -1
+                self.bitmask[seq.slot].fill(-1)
+
+    def _compact(self) -> None:
+        """Drop finished rows, moving the highest active rows into the holes (device rows included)."""
+        n = self.n_active
+        i = 0
+        while i < n:
+            seq = self.slots[i]
+            if seq is not None and not seq.finished:
+                i += 1
+                continue
+            self.slots[i] = None
+            last = n - 1
+            while last > i and (self.slots[last] is None or self.slots[last].finished):
+                self.slots[last] = None
+                last -= 1
+            if last > i:
+                mover = self.slots[last]
+                self.runner.move(last, i)
+                for a in (self.tokens, self.positions, self.bitmask, *self.sp):
+                    a[i] = a[last]
+                self.positions[last] = -1
+                self.bitmask[last].fill(-1)
+                self.slots[i], self.slots[last] = mover, None
+                mover.slot = i
+                n = last
+                i += 1
+            else:
+                n = i
+        self.n_active = n

@@ -1,0 +1,192 @@
+"""The jitted device programs: bucketed prefill into one slot, batched decode, slot moves.
+
+Contract:
+- Device state (`DecodeState`, donated into every program) holds the KV cache
+  `[layers, max_batch, max_context, kv_heads, head_dim]`, per-row generated-token counts int32[max_batch, V]
+  and per-row prompt-token masks bool[max_batch, V] (for the penalties).
+- `decode(tokens[b], positions[b], bitmask[b, W], sampling[b])` runs on slots `0..b-1` for a batch bucket
+  `b`: one forward token per row (position -1 = idle row: nothing written, output ignored), then the
+  masked sampler (`sampler.sample`) in the same XLA program; counts of active rows are updated.
+- `prefill(slot, prompt_ids, bitmask[1, W], sampling[1])` pads the prompt to a length bucket, writes its
+  K/V into `slot`, resets the slot's counts and prompt mask and samples the first token through the same
+  masked sampler.  `move(src, dst)` copies one slot's rows (used to keep active slots compact).
+- Only bucket shapes are ever traced: `warmup()` compiles every bucket (with non-trivial masks and
+  sampling parameters); after it, no call compiles anything.  Sampling parameters are arrays.
+- Sharding: params keep the shardings they arrive with; the cache is sharded over kv heads on the mesh
+  axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
+
+
+class DecodeState(NamedTuple):
+    cache_k: jax.Array
+    cache_v: jax.Array
+    counts: jax.Array  # i32[max_batch, V]
+    prompt_mask: jax.Array  # bool[max_batch, V]
+
+
+def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    out.append(hi)
+    return tuple(out)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    devs = np.array(list(devices) if devices is not None else jax.local_devices())
+    return Mesh(devs, ("tp",))
+
+
+class StepRunner:
+    """Owns the device state and the compiled programs for one model, batch size and context length."""
+
+    def __init__(
+        self,
+        forward: Callable,
+        params: Any,
+        cache_k: jax.Array,
+        cache_v: jax.Array,
+        vocab_size: int,
+        valid_vocab: int,
+        mesh: Mesh,
+        batch_buckets: Sequence[int],
+        length_buckets: Sequence[int],
+    ) -> None:
+        self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
+        self.mask_words = (vocab_size + 31) // 32
+        self.max_batch, self.max_context = cache_k.shape[1], cache_k.shape[2]
+        self.batch_buckets, self.length_buckets = tuple(batch_buckets), tuple(length_buckets)
+        self.mesh = mesh
+        rep = NamedSharding(mesh, P())
+        n_dev, kv_heads = mesh.devices.size, cache_k.shape[3]
+        cache_sh = NamedSharding(mesh, P(None, None, None, "tp", None)) if kv_heads % n_dev == 0 else rep
+        state_sh = DecodeState(cache_sh, cache_sh, rep, rep)
+        param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
+        self.params = jax.device_put(params, param_sh)
+        b, v = self.max_batch, vocab_size
+        self.state = jax.device_put(
+            DecodeState(cache_k, cache_v, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_)), state_sh
+        )
+        self._forward = forward
+        self._decode = jax.jit(
+            self._decode_impl,
+            donate_argnums=(1,),
+            in_shardings=(param_sh, state_sh, rep, rep, rep, rep),
+            out_shardings=(state_sh, rep),
+        )
+        self._prefill = jax.jit(
+            self._prefill_impl,
+            donate_argnums=(1,),
+            in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep),
+            out_shardings=(state_sh, rep),
+        )
+        self._move = jax.jit(self._move_impl, donate_argnums=(0,), in_shardings=(state_sh, rep, rep),
+                             out_shardings=state_sh)
+
+    # ---- traced programs -------------------------------------------------------------------------
+    def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays):
+        b = tokens.shape[0]
+        full = b == self.max_batch
+        ck = state.cache_k if full else state.cache_k[:, :b]
+        cv = state.cache_v if full else state.cache_v[:, :b]
+        logits, ck, cv = self._forward(params, tokens[:, None], positions[:, None], ck, cv)
+        counts = state.counts if full else state.counts[:b]
+        pmask = state.prompt_mask if full else state.prompt_mask[:b]
+        out = sample(logits[:, -1], bitmask, counts, pmask, sp, self.valid_vocab)
+        counts = counts.at[jnp.arange(b), out.tokens].add((positions >= 0).astype(jnp.int32))
+        if full:
+            return DecodeState(ck, cv, counts, state.prompt_mask), out
+        return DecodeState(
+            jax.lax.dynamic_update_slice_in_dim(state.cache_k, ck, 0, axis=1),
+            jax.lax.dynamic_update_slice_in_dim(state.cache_v, cv, 0, axis=1),
+            jax.lax.dynamic_update_slice_in_dim(state.counts, counts, 0, axis=0),
+            state.prompt_mask,
+        ), out
+
+    def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, bitmask, sp):
+        ck = jax.lax.dynamic_slice_in_dim(state.cache_k, slot, 1, axis=1)
+        cv = jax.lax.dynamic_slice_in_dim(state.cache_v, slot, 1, axis=1)
+        logits, ck, cv = self._forward(params, tokens, positions, ck, cv)
+        last = jax.lax.dynamic_index_in_dim(logits[0], length - 1, axis=0, keepdims=True)
+        v = self.vocab_size
+        ids = jnp.where(positions[0] >= 0, tokens[0], v)
+        pmask = jnp.zeros((1, v), jnp.bool_).at[0, ids].set(True, mode="drop")
+        counts = jnp.zeros((1, v), jnp.int32)
+        out = sample(last, bitmask, counts, pmask, sp, self.valid_vocab)
+        counts = counts.at[0, out.tokens[0]].add(1)
+        return DecodeState(
+            jax.lax.dynamic_update_slice_in_dim(state.cache_k, ck, slot, axis=1),
+            jax.lax.dynamic_update_slice_in_dim(state.cache_v, cv, slot, axis=1),
+            jax.lax.dynamic_update_slice_in_dim(state.counts, counts, slot, axis=0),
+            jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, pmask, slot, axis=0),
+        ), out
+
+    @staticmethod
+    def _move_impl(state: DecodeState, src, dst):
+        def mv(x, axis):
+            row = jax.lax.dynamic_slice_in_dim(x, src, 1, axis=axis)
+            return jax.lax.dynamic_update_slice_in_dim(x, row, dst, axis=axis)
+
+        return DecodeState(mv(state.cache_k, 1), mv(state.cache_v, 1), mv(state.counts, 0), mv(state.prompt_mask, 0))
+
+    # ---- host entry points ----------------------------------------------------------------------
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
+        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs."""
+        self.state, out = self._decode(self.params, self.state, tokens, positions, bitmask, sp)
+        return SampleOut(*(np.asarray(x) for x in out))
+
+    def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
+        n = len(prompt)
+        if not 0 < n <= self.length_buckets[-1]:
+            raise ValueError(f"prompt length {n} is outside 1..{self.length_buckets[-1]}")
+        t = bucket_for(n, self.length_buckets)
+        tokens = np.zeros((1, t), np.int32)
+        tokens[0, :n] = prompt
+        positions = np.full((1, t), -1, np.int32)
+        positions[0, :n] = np.arange(n, dtype=np.int32)
+        self.state, out = self._prefill(
+            self.params, self.state, np.int32(slot), tokens, positions, np.int32(n), bitmask, sp
+        )
+        return SampleOut(*(np.asarray(x) for x in out))
+
+    def move(self, src: int, dst: int) -> None:
+        self.state = self._move(self.state, np.int32(src), np.int32(dst))
+
+    def warmup(self, seed: int = 0) -> None:
+        """Compile every bucket with non-trivial masks and sampling parameters (touches no live slot data
+        that a later prefill does not overwrite: call it before serving)."""
+        rng = np.random.default_rng(seed)
+        for b in self.batch_buckets:
+            sp = SamplingArrays.numpy(b)._replace(
+                temperature=np.full(b, 0.7, np.float32), top_k=np.full(b, 5, np.int32),
+                top_p=np.full(b, 0.9, np.float32), logprobs=np.ones(b, np.bool_),
+            )
+            mask = rng.integers(-(2**31), 2**31 - 1, size=(b, self.mask_words), dtype=np.int64).astype(np.int32)
+            mask[:, 0] |= 1
+            self.decode(np.zeros(b, np.int32), np.full(b, -1, np.int32), mask, sp)
+        sp1 = SamplingArrays.numpy(1)._replace(temperature=np.full(1, 0.5, np.float32))
+        mask1 = np.full((1, self.mask_words), -1, np.int32)
+        for t in self.length_buckets:
+            self.prefill(0, [0] * min(t, self.max_context - 1), mask1, sp1)
+        self.move(0, 0)

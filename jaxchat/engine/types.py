@@ -1,0 +1,76 @@
+"""The engine's public types: what a caller submits and what it gets back.
+
+Contract: the server and `jaxchat.LLM` talk to the engine only through these types and the
+`Constraint` protocol; the engine never imports the server, and the server never imports jax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+class Constraint(Protocol):
+    """A per-request decoding constraint (built by `jaxchat.constrain`), driven by the engine's host loop.
+
+    Bitmask layout: int32 words, bit j of word i is token 32*i + j, 1 = allowed.
+    """
+
+    def fill_mask(self, row: np.ndarray) -> None:
+        """Write the allowed-token bitmask for the next token into `row` (int32[ceil(V/32)])."""
+
+    def accept(self, token: int) -> bool:
+        """Advance by the sampled token; False when the grammar rejected it (the constraint then gives up)."""
+
+    def is_terminated(self) -> bool:
+        """True when the grammar has reached an accepting end and nothing more may follow."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings, matched on the detokenised text, not included in the output
+    stop_token_ids: tuple[int, ...] = ()  # extra stop tokens on top of the model's eos ids
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; k >= 0 = the chosen token's logprob plus the top k
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    constraint: Constraint | None = None
+    request_id: str = ""
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class GenerationOutput:
+    """One step's worth of output for one request (deltas, not totals)."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str  # newly decoded text: complete UTF-8 only, special tokens included as text
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0

@@ -1,0 +1,189 @@
+"""The model interface the engine codes against: config, loaded model, cache, loading entry points.
+
+Contract:
+- `ModelConfig` is a frozen description of one decoder-only family ("llama", "qwen2", "qwen3",
+  "gemma3_text"), built from an HF `config.json` dict (`from_hf_config`) or GGUF metadata.
+- `LoadedModel.forward(params, tokens, positions, cache_k, cache_v) -> (logits, cache_k, cache_v)`
+  is pure and jit-able (it closes over the graphdef and config only):
+    tokens int32[B, T]; positions int32[B, T], the absolute position of each token, -1 = padding
+    (not written to the cache, its logits are garbage and must be ignored);
+    cache_k / cache_v: [num_layers, B, S, num_kv_heads, head_dim] in the model dtype, S = max context.
+  For each row b and step t, the token's k/v is written at cache[:, b, positions[b, t]], then the
+  token attends to every cache position p <= positions[b, t] of its row (on gemma3 sliding layers
+  also p > positions[b, t] - sliding_window). Positions of a row must have been written by that
+  row's own sequence (earlier calls or this one); stale entries beyond the position are masked.
+  Returns float32 logits [B, T, vocab_size] and the updated caches. Prefill (T > 1) and decode
+  (T == 1) are the same function; donate the caches when jitting.
+- `params` is a plain nested dict of jax arrays (the flax nnx state split once, as a pure dict);
+  layer parameters are stacked on a leading `num_layers` axis.
+- `partition_specs(mesh)` gives a matching pytree of `PartitionSpec`s: tensor parallel over
+  attention heads, MLP hidden units and the vocabulary along the mesh axis 'tp' (an axis whose size
+  does not divide by the 'tp' size is replicated). `cache_partition_spec(mesh)` does the same for
+  the KV cache (kv heads over 'tp').
+- `load_model(path, dtype, mesh)` auto-detects an HF safetensors directory, a `.gguf` file or an
+  orbax checkpoint directory (written by `save_orbax`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint cannot be loaded: the message names the offending tensor, field or file."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "llama3"|"linear", "factor": ..., ...} (global layers)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projection biases (qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of q and k (qwen3, gemma3)
+    hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+    # gemma3
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None  # per layer: "sliding_attention" | "full_attention"
+    rope_local_base_freq: float | None = None  # rope theta of sliding layers
+    query_pre_attn_scalar: float | None = None  # attention scale = query_pre_attn_scalar ** -0.5
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    # tokens
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ModelLoadError(f"family: unsupported model family {self.family!r} (supported: {FAMILIES})")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ModelLoadError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def is_sliding(self) -> tuple[bool, ...]:
+        """Per layer: True for a sliding-window layer."""
+        if self.sliding_window is None or self.layer_types is None:
+            return (self.sliding_window is not None,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    def to_hf_config(self) -> dict:
+        """A `config.json`-style dict that `from_hf_config` reads back to an equal config."""
+        from jaxchat.models.config import to_hf_config
+
+        return to_hf_config(self)
+
+    @classmethod
+    def from_hf_config(cls, hf: dict) -> ModelConfig:
+        from jaxchat.models.config import from_hf_config
+
+        return from_hf_config(hf)
+
+    def replace(self, **kw: Any) -> ModelConfig:
+        return replace(self, **kw)
+
+
+class LoadedModel:
+    """A model ready to run: config, params (pure dict of arrays), the nnx graphdef and the tokenizer."""
+
+    def __init__(self, config: ModelConfig, graphdef, params: dict, dtype, tokenizer=None,
+                 chat_template: str | None = None, eos_token_ids: tuple[int, ...] | None = None,
+                 bos_token_id: int | None = None, mesh=None, source: str = ""):
+        self.config = config
+        self.graphdef = graphdef
+        self.params = params
+        self.dtype = dtype
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.eos_token_ids = tuple(eos_token_ids if eos_token_ids is not None else config.eos_token_ids)
+        self.bos_token_id = bos_token_id if bos_token_id is not None else config.bos_token_id
+        self.mesh = mesh
+        self.source = source
+
+    def forward(self, params, tokens, positions, cache_k, cache_v):
+        """Pure forward over the cache; see the module docstring for the contract."""
+        from flax import nnx
+
+        module = nnx.merge(self.graphdef, params)
+        return module(tokens, positions, cache_k, cache_v)
+
+    def partition_specs(self, mesh) -> dict:
+        from jaxchat.models.sharding import param_partition_specs
+
+        return param_partition_specs(self.config, self.params, mesh)
+
+    def cache_partition_spec(self, mesh):
+        from jaxchat.models.sharding import cache_partition_spec
+
+        return cache_partition_spec(self.config, mesh)
+
+    def empty_cache(self, batch: int, max_len: int):
+        return empty_cache(self.config, batch, max_len, self.dtype)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"LoadedModel({c.family}, layers={c.num_layers}, hidden={c.hidden_size}, "
+                f"vocab={c.vocab_size}, dtype={self.dtype}, source={self.source!r})")
+
+
+def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
+    """Zeroed (cache_k, cache_v), each [num_layers, batch, max_len, num_kv_heads, head_dim]."""
+    import jax.numpy as jnp
+
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
+def load_model(path: str | Path, dtype: str = "float32", mesh=None) -> LoadedModel:
+    """Load an HF safetensors directory, a `.gguf` file or an orbax checkpoint directory."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from jaxchat.models.gguf_loader import load_gguf
+
+        return load_gguf(path, dtype=dtype, mesh=mesh)
+    if path.is_dir() and (path / "jaxchat_orbax.json").exists():
+        from jaxchat.models.orbax_io import load_orbax
+
+        return load_orbax(path, dtype=dtype, mesh=mesh)
+    if path.is_dir() and (path / "config.json").exists():
+        from jaxchat.models.hf_loader import load_hf
+
+        return load_hf(path, dtype=dtype, mesh=mesh)
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist")
+    raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file, an HF directory with config.json, "
+                         "or a jaxchat orbax checkpoint")
+
+
+def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
+    """Write params + config.json + tokenizer files to `dst`, loadable on its own by `load_model`."""
+    from jaxchat.models.orbax_io import save_orbax as _save
+
+    return _save(model, dst)
+
+
+def gelu_tanh_name(act: str) -> bool:
+    return act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu")
+
+
+def embed_scale(config: ModelConfig) -> float:
+    return math.sqrt(config.hidden_size) if config.family == "gemma3_text" else 1.0

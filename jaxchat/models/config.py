@@ -1,0 +1,144 @@
+"""`ModelConfig` from and to HF `config.json` dicts (transformers 4.x and 5.x layouts).
+
+Contract: `from_hf_config(d)` reads `model_type` ("llama", "qwen2", "qwen3", "gemma3_text", or
+"gemma3" with a `text_config`), the rope fields in either the 4.x form (`rope_theta`,
+`rope_scaling`, `rope_local_base_freq`) or the 5.x form (`rope_parameters`, per layer type for
+gemma3). A missing required field or an unsupported rope type raises `ModelLoadError` naming it.
+`to_hf_config(cfg)` writes a 4.x-style dict that `from_hf_config` reads back to an equal config.
+"""
+
+from __future__ import annotations
+
+from jaxchat.models.base import ModelConfig, ModelLoadError
+
+SUPPORTED_ROPE = ("default", "llama3", "linear")
+
+
+def _req(d: dict, key: str):
+    if key not in d or d[key] is None:
+        raise ModelLoadError(f"config.json: missing required field {key!r}")
+    return d[key]
+
+
+def _rope_scaling(rs: dict | None, where: str) -> dict | None:
+    if not rs:
+        return None
+    rs = {k: v for k, v in rs.items() if k != "rope_theta"}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind not in SUPPORTED_ROPE:
+        raise ModelLoadError(f"config.json: {where}.rope_type {kind!r} is not supported (supported: {SUPPORTED_ROPE})")
+    if kind == "default":
+        return None
+    rs["rope_type"] = kind
+    rs.pop("type", None)
+    return rs
+
+
+def _eos(d: dict) -> tuple[int, ...]:
+    eos = d.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list | tuple) else (int(eos),)
+
+
+def from_hf_config(d: dict) -> ModelConfig:
+    mt = d.get("model_type")
+    if mt == "gemma3" and "text_config" in d:
+        d = {**d["text_config"], "model_type": "gemma3_text"}
+        mt = "gemma3_text"
+    if mt not in ("llama", "qwen2", "qwen3", "gemma3_text"):
+        raise ModelLoadError(f"config.json: model_type {mt!r} is not supported")
+    hidden = int(_req(d, "hidden_size"))
+    heads = int(_req(d, "num_attention_heads"))
+    head_dim = d.get("head_dim") or hidden // heads
+    rp = d.get("rope_parameters")
+    theta, scaling, local_theta = d.get("rope_theta"), d.get("rope_scaling"), d.get("rope_local_base_freq")
+    if isinstance(rp, dict) and rp:
+        if "full_attention" in rp or "sliding_attention" in rp:
+            full = rp.get("full_attention", {})
+            theta = full.get("rope_theta", theta)
+            scaling = full
+            local_theta = rp.get("sliding_attention", {}).get("rope_theta", local_theta)
+        else:
+            theta = rp.get("rope_theta", theta)
+            scaling = rp
+    kw: dict = dict(
+        family=mt,
+        vocab_size=int(_req(d, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(_req(d, "intermediate_size")),
+        num_layers=int(_req(d, "num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=int(d.get("num_key_value_heads") or heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta if theta is not None else 10000.0),
+        rope_scaling=_rope_scaling(scaling, "rope_scaling"),
+        max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", mt == "gemma3_text")),
+        hidden_act=d.get("hidden_act") or d.get("hidden_activation") or "silu",
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=_eos(d),
+    )
+    if mt == "qwen2":
+        kw["attention_bias"] = True
+        if d.get("use_sliding_window"):
+            raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen2")
+    elif mt == "qwen3":
+        kw["qk_norm"] = True
+        kw["attention_bias"] = bool(d.get("attention_bias", False))
+        if d.get("use_sliding_window"):
+            raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen3")
+    elif mt == "llama":
+        kw["attention_bias"] = bool(d.get("attention_bias", False))
+        if d.get("mlp_bias"):
+            raise ModelLoadError("config.json: mlp_bias=true is not supported for llama")
+    else:  # gemma3_text
+        kw["qk_norm"] = True
+        kw["hidden_act"] = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+        n = kw["num_layers"]
+        layer_types = d.get("layer_types")
+        if not layer_types:
+            pattern = int(d.get("sliding_window_pattern") or d.get("_sliding_window_pattern") or 6)
+            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+        kw["layer_types"] = tuple(layer_types)
+        kw["sliding_window"] = int(_req(d, "sliding_window"))
+        kw["rope_local_base_freq"] = float(local_theta if local_theta is not None else 10000.0)
+        kw["query_pre_attn_scalar"] = float(d.get("query_pre_attn_scalar") or kw["head_dim"])
+        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
+            kw[k] = float(d[k]) if d.get(k) is not None else None
+        kw["attention_bias"] = bool(d.get("attention_bias", False))
+    return ModelConfig(**kw)
+
+
+def to_hf_config(c: ModelConfig) -> dict:
+    d = {
+        "model_type": c.family,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": c.rope_scaling,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": c.attention_bias,
+        "hidden_act": c.hidden_act,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": list(c.eos_token_ids),
+    }
+    if c.family == "gemma3_text":
+        d.update(
+            hidden_activation=c.hidden_act,
+            sliding_window=c.sliding_window,
+            layer_types=list(c.layer_types or ()),
+            rope_local_base_freq=c.rope_local_base_freq,
+            query_pre_attn_scalar=c.query_pre_attn_scalar,
+            final_logit_softcapping=c.final_logit_softcapping,
+            attn_logit_softcapping=c.attn_logit_softcapping,
+        )
+    return d

@@ -1,0 +1,231 @@
+"""Shared building blocks: RMSNorm, rotary embeddings, GQA attention over the KV cache, gated MLPs,
+and the decoder stack that scans the stacked layers.
+
+Contract:
+- Every parameter is an `nnx.Param` carrying `axes`, its logical axis names ("embed", "heads",
+  "kv_heads", "head_dim", "mlp", "vocab", "norm"); stacked layer params get a leading "layers" axis.
+  Projection weights keep heads explicit: q [embed, heads, head_dim], o [heads, head_dim, embed].
+- Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
+- Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
+  implements the default, "linear" and Llama 3 ("llama3") frequency schedules.
+- `attend` writes the new k/v into layer `l` of the full cache (scatter; positions < 0 dropped) and
+  attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxchat.models.base import ModelConfig
+
+NEG = -1e30
+
+
+def param(shape, axes, dtype, init=0.0) -> nnx.Param:
+    return nnx.Param(jnp.full(shape, init, dtype), axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype, gemma: bool = False):
+        self.scale = param((dim,), ("norm",), dtype, 0.0 if gemma else 1.0)
+        self.eps = eps
+        self.gemma = gemma
+
+    def __call__(self, x):
+        h = x.astype(jnp.float32)
+        h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
+        w = self.scale[...].astype(jnp.float32)
+        if self.gemma:
+            return (h * (1.0 + w)).astype(x.dtype)
+        return (h.astype(x.dtype) * self.scale[...]).astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
+    """Inverse frequencies (float32, [head_dim // 2]) for one rope schedule."""
+    inv = (1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))))
+    inv = inv.astype(np.float32)
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", "default")
+    factor = float(scaling.get("factor", 1.0))
+    if kind == "linear":
+        return (inv / np.float32(factor)).astype(np.float32)
+    if kind == "llama3":
+        lo, hi = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    if kind == "default":
+        return inv
+    raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
+
+
+def rope_tables(positions, inv_freq: np.ndarray):
+    """cos, sin of shape [B, T, head_dim] (float32) for absolute positions (negatives clamped to 0)."""
+    pos = jnp.maximum(positions, 0).astype(jnp.float32)
+    freqs = pos[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x, cos, sin):
+    """x [B, T, N, D]; cos/sin [B, T, D]."""
+    half = x.shape[-1] // 2
+    xf = x.astype(jnp.float32)
+    rot = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    out = xf * cos[:, :, None, :] + rot * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def attention_mask(positions, cache_len: int, window: int | None):
+    """Boolean [B, T, S]: cache position p is visible to the token at q iff p <= q (and p > q - window)."""
+    p = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
+    q = positions[:, :, None]
+    mask = (p <= q) & (q >= 0)
+    if window is not None:
+        mask = mask & (p > q - window)
+    return mask
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype, gemma_norm: bool = False):
+        d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q = param((d, h, hd), ("embed", "heads", "head_dim"), dtype)
+        self.k = param((d, kv, hd), ("embed", "kv_heads", "head_dim"), dtype)
+        self.v = param((d, kv, hd), ("embed", "kv_heads", "head_dim"), dtype)
+        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype)
+        if cfg.attention_bias:
+            self.q_bias = param((h, hd), ("heads", "head_dim"), dtype)
+            self.k_bias = param((kv, hd), ("kv_heads", "head_dim"), dtype)
+            self.v_bias = param((kv, hd), ("kv_heads", "head_dim"), dtype)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=gemma_norm)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=gemma_norm)
+        self.has_bias = cfg.attention_bias
+        self.has_qk_norm = cfg.qk_norm
+        self.scale = cfg.attn_scale
+        self.softcap = cfg.attn_logit_softcapping
+        self.groups = h // kv
+
+    def __call__(self, x, rope, positions, cache_k, cache_v, layer, mask):
+        q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
+        k = jnp.einsum("btd,dhk->bthk", x, self.k[...])
+        v = jnp.einsum("btd,dhk->bthk", x, self.v[...])
+        if self.has_bias:
+            q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
+        if self.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        b, t = positions.shape
+        s = cache_k.shape[2]
+        rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
+        cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
+        cache_k = cache_k.at[layer, rows, cols].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[layer, rows, cols].set(v.astype(cache_v.dtype), mode="drop")
+        keys, values = cache_k[layer], cache_v[layer]  # [B, S, KV, D]
+        kvh = keys.shape[2]
+        qg = q.reshape(b, t, kvh, self.groups, q.shape[-1])
+        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(q.dtype),
+                            preferred_element_type=jnp.float32) * self.scale
+        if self.softcap is not None:
+            scores = jnp.tanh(scores / self.softcap) * self.softcap
+        scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
+        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, -1, q.shape[-1])
+        out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
+        return out, cache_k, cache_v
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate = param((d, f), ("embed", "mlp"), dtype)
+        self.up = param((d, f), ("embed", "mlp"), dtype)
+        self.down = param((f, d), ("mlp", "embed"), dtype)
+        act = cfg.hidden_act
+        if act not in ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh", "gelu"):
+            raise ValueError(f"hidden_act {act!r} is not supported")
+        self.gelu = act != "silu" and act != "swish"
+
+    def __call__(self, x):
+        g = x @ self.gate[...]
+        g = jax.nn.gelu(g, approximate=True) if self.gelu else jax.nn.silu(g)
+        return (g * (x @ self.up[...])) @ self.down[...]
+
+
+def make_stack(cfg: ModelConfig, block_cls, dtype):
+    """`num_layers` blocks with params stacked on a leading axis (built with nnx.vmap)."""
+
+    @nnx.vmap(in_axes=None, out_axes=0, axis_size=cfg.num_layers)
+    def build():
+        return block_cls(cfg, dtype)
+
+    return build()
+
+
+def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding):
+    """Scan the stacked blocks. ropes/masks: (global, local) pairs; sliding: bool per layer."""
+    graphdef, state = nnx.split(layers)
+    n = len(sliding)
+
+    def body(carry, xs):
+        h, ck, cv = carry
+        st, idx, is_local = xs
+        block = nnx.merge(graphdef, st)
+        rope = tuple(jnp.where(is_local, a, b) for a, b in zip(ropes[1], ropes[0], strict=True))
+        mask = jnp.where(is_local, masks[1], masks[0])
+        h, ck, cv = block(h, rope, positions, ck, cv, idx, mask)
+        return (h, ck, cv), None
+
+    xs = (state, jnp.arange(n, dtype=jnp.int32), jnp.asarray(sliding, dtype=bool))
+    (x, cache_k, cache_v), _ = jax.lax.scan(body, (x, cache_k, cache_v), xs)
+    return x, cache_k, cache_v
+
+
+class CausalLM(nnx.Module):
+    """Embedding, a scanned stack of `block_cls`, final norm and (tied or own) lm head."""
+
+    block_cls: type = None  # set by the family module
+    gemma = False
+
+    def __init__(self, cfg: ModelConfig, dtype):
+        self.config = cfg
+        self.embed = param((cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), dtype)
+        self.layers = make_stack(cfg, self.block_cls, dtype)
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, gemma=self.gemma)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
+
+    def __call__(self, tokens, positions, cache_k, cache_v):
+        cfg = self.config
+        table = self.embed[...]
+        x = jnp.take(table, tokens, axis=0)
+        if self.gemma:
+            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
+        s = cache_k.shape[2]
+        glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        local_theta = cfg.rope_local_base_freq or cfg.rope_theta
+        local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob
+        mask_g = attention_mask(positions, s, None)
+        mask_l = attention_mask(positions, s, cfg.sliding_window) if cfg.sliding_window else mask_g
+        x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v,
+                                        (glob, local), (mask_g, mask_l), cfg.is_sliding)
+        x = self.final_norm(x)
+        if cfg.tie_word_embeddings:
+            logits = jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
+        if cfg.final_logit_softcapping is not None:
+            cap = cfg.final_logit_softcapping
+            logits = jnp.tanh(logits / cap) * cap
+        return logits.astype(jnp.float32), cache_k, cache_v

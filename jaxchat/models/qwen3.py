@@ -1,0 +1,13 @@
+"""Qwen3 family: the Llama block with a per-head RMSNorm of q and k before rope (`qk_norm=True`).
+
+Contract: same forward as `jaxchat.models.llama`; `hf_entries` adds `q_norm`/`k_norm` per layer.
+"""
+
+from __future__ import annotations
+
+from jaxchat.models.llama import LlamaBlock, hf_entries  # noqa: F401  (the table follows the config flags)
+from jaxchat.models.layers import CausalLM
+
+
+class Model(CausalLM):
+    block_cls = LlamaBlock

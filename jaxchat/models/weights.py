@@ -1,0 +1,159 @@
+"""Strict weight assembly: HF tensor-name tables -> the nnx param tree, with a progress bar.
+
+Contract: a checkpoint is a mapping of HF tensor names to `Tensor(shape, load)` (shape known
+before any data is read). `assemble` checks the whole mapping against the family's table first:
+a tensor the table does not know (unmapped), a table entry the checkpoint lacks (missing) or a
+shape that differs from the table's HF shape each raise `ModelLoadError` naming the tensor. It then
+converts every tensor (HF [out, in] layout -> the params' explicit-heads layout), casts to the
+target dtype, stacks layers on axis 0 and places the result (with `NamedSharding`s on a mesh).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxchat.models.base import ModelConfig, ModelLoadError
+
+FAMILY_MODULES = {
+    "llama": "jaxchat.models.llama",
+    "qwen2": "jaxchat.models.qwen2",
+    "qwen3": "jaxchat.models.qwen3",
+    "gemma3_text": "jaxchat.models.gemma3_text",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    hf: str  # HF tensor name
+    path: tuple[str, ...]  # path in the param tree
+    layer: int | None  # index on the stacked layer axis, None for a global tensor
+    hf_shape: tuple[int, ...]
+    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+
+
+def family_module(family: str):
+    if family not in FAMILY_MODULES:
+        raise ModelLoadError(f"family: unsupported model family {family!r}")
+    return importlib.import_module(FAMILY_MODULES[family])
+
+
+def table(cfg: ModelConfig) -> dict[str, Entry]:
+    return {e.hf: e for e in family_module(cfg.family).hf_entries(cfg)}
+
+
+def abstract_model(cfg: ModelConfig, dtype):
+    """(graphdef, abstract nnx State with `axes` metadata) without allocating parameters."""
+    from flax import nnx
+
+    model_cls = family_module(cfg.family).Model
+    module = nnx.eval_shape(lambda: model_cls(cfg, dtype))
+    return nnx.split(module)
+
+
+def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarray:
+    if e.convert == "id":
+        out = x
+    elif e.convert == "t":
+        out = x.T
+    elif e.convert == "in_heads":  # [N*hd, D] -> [D, N, hd]
+        n, hd = target_shape[1], target_shape[2]
+        out = x.reshape(n, hd, x.shape[1]).transpose(2, 0, 1)
+    elif e.convert == "out_heads":  # [D, H*hd] -> [H, hd, D]
+        h, hd = target_shape[0], target_shape[1]
+        out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
+    elif e.convert == "bias_heads":
+        out = x.reshape(target_shape)
+    else:  # pragma: no cover - tables are static
+        raise AssertionError(e.convert)
+    if tuple(out.shape) != tuple(target_shape):
+        raise ModelLoadError(f"tensor {e.hf!r}: converted shape {out.shape} != param shape {target_shape}")
+    return out
+
+
+def check(cfg: ModelConfig, tensors: dict[str, Tensor], ignore: tuple[str, ...] = (), where: str = "") -> dict:
+    """Validate names and shapes of a checkpoint against the family table; return the table."""
+    tab = table(cfg)
+    src = f" in {where}" if where else ""
+    extra = sorted(n for n in tensors if n not in tab and n not in ignore)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ModelLoadError(f"unmapped tensor {extra[0]!r}{src}{more}: not part of a {cfg.family} checkpoint")
+    missing = [n for n in tab if n not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"missing tensor {missing[0]!r}{src}{more}")
+    for name, e in tab.items():
+        shape = tuple(tensors[name].shape)
+        if shape != e.hf_shape:
+            raise ModelLoadError(f"tensor {name!r}{src} has shape {shape}, expected {e.hf_shape}")
+    return tab
+
+
+def _leaf_shapes(abstract_state) -> dict[tuple[str, ...], tuple]:
+    import jax
+
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_state.to_pure_dict())[0]:
+        out[tuple(str(k.key) for k in path)] = (tuple(leaf.shape), leaf.dtype)
+    return out
+
+
+def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ignore: tuple[str, ...] = (),
+             where: str = "", desc: str = "loading"):
+    """Check, convert, stack and place; returns (graphdef, params pure dict)."""
+    import jax
+    from tqdm import tqdm
+
+    tab = check(cfg, tensors, ignore, where)
+    graphdef, abstract = abstract_model(cfg, dtype)
+    shapes = _leaf_shapes(abstract)
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    buffers = {p: np.zeros(s, np_dtype) for p, (s, _) in shapes.items()}
+    filled = {p: 0 for p in shapes}
+    for name, e in tqdm(tab.items(), desc=desc, unit="tensor", leave=False):
+        if e.path not in buffers:
+            raise ModelLoadError(f"tensor {name!r} maps to unknown param {'/'.join(e.path)}")
+        full = shapes[e.path][0]
+        target = full[1:] if e.layer is not None else full
+        x = convert(np.asarray(tensors[name].load()), e, target).astype(np_dtype)
+        if e.layer is None:
+            buffers[e.path][...] = x
+        else:
+            buffers[e.path][e.layer] = x
+        filled[e.path] += 1
+    for p, n in filled.items():
+        want = cfg.num_layers if p[0] == "layers" else 1
+        if n != want:
+            raise ModelLoadError(f"param {'/'.join(p)} got {n} tensors, expected {want}")
+    specs = None
+    if mesh is not None:
+        from jaxchat.models.sharding import param_partition_specs
+
+        specs = param_partition_specs(cfg, abstract.to_pure_dict(), mesh)
+    params: dict = {}
+    for p, buf in buffers.items():
+        node = params
+        for k in p[:-1]:
+            node = node.setdefault(k, {})
+        if mesh is None:
+            node[p[-1]] = jax.device_put(buf)
+        else:
+            spec = _get(specs, p)
+            node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, spec))
+    return graphdef, params
+
+
+def _get(tree: dict, path: tuple[str, ...]):
+    for k in path:
+        tree = tree[k]
+    return tree

@@ -1,0 +1,230 @@
+"""Golden transcripts: real-shaped model outputs of every format with the message they must parse to.
+
+Each transcript is the prefill plus the generated text of one assistant turn, the spec it is read
+with, and the expected reasoning, content and tool calls (arguments as Python values). Other tests
+(the grammar's `accepts`, the stream property test) reuse them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from jaxchat.chat.spec import ChatFormatSpec, chat_format_make
+
+TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "unit": {"type": "string", "enum": ["c", "f"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "description": "The time", "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search documents",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "filters": {
+                        "type": "object",
+                        "properties": {
+                            "tags": {"type": "array", "items": {"type": "string"}},
+                            "limit": {"type": "integer"},
+                            "exact": {"type": "boolean"},
+                            "lang": {"type": ["string", "null"]},
+                        },
+                    },
+                },
+                "required": ["query"],
+            },
+        },
+    },
+)
+
+NESTED_ARGS = {"query": "Zürich 天気 🌤 \"quoted\"", "filters": {"tags": ["a", "b c"], "limit": 5, "exact": True, "lang": None}}
+
+
+@dataclass(frozen=True)
+class Golden:
+    name: str
+    spec: ChatFormatSpec
+    prefill: str
+    generated: str
+    reasoning: str = ""
+    content: str = ""
+    calls: tuple[tuple[str, dict], ...] = ()
+    cut: str = ""  # "reasoning" or "call" when the output ends inside one
+    tags: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def text(self) -> str:
+        return self.prefill + self.generated
+
+    @property
+    def id(self) -> str:
+        return f"{self.spec.kind}:{self.name}"
+
+
+def _g(spec, name, prefill, generated, reasoning="", content="", calls=(), cut="") -> Golden:
+    return Golden(name, spec, prefill, generated, reasoning, content, tuple(calls), cut)
+
+
+def _tag_family(spec: ChatFormatSpec, call, call_block, think_prefill: str) -> list[Golden]:
+    """The standard set for a tag format; `call(name, args_src)` renders one call's syntax."""
+    r_open, r_close = spec.reasoning_start, spec.reasoning_end
+    weather = call("get_weather", {"city": "Paris", "days": 3})
+    return [
+        _g(spec, "plain_text", "", "Hello! How can I help you today?", content="Hello! How can I help you today?"),
+        _g(spec, "reasoning_text", think_prefill, f"The user greets me.\nI should greet back.\n{r_close}\n\nHello there.",
+           reasoning="The user greets me.\nI should greet back.", content="Hello there."),
+        _g(spec, "reasoning_one_call", think_prefill, f"Need the weather.\n{r_close}\n\n{call_block([weather])}",
+           reasoning="Need the weather.", calls=[("get_weather", {"city": "Paris", "days": 3})]),
+        _g(spec, "parallel_calls", "", f"Checking both.\n{call_block([weather, call('get_time', {})])}",
+           content="Checking both.", calls=[("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+        _g(spec, "empty_arguments", "", call_block([call("get_time", {})]), calls=[("get_time", {})]),
+        _g(spec, "nested_unicode", "", call_block([call("search", NESTED_ARGS)]), calls=[("search", NESTED_ARGS)]),
+        _g(spec, "call_inside_reasoning", think_prefill,
+           f"Maybe {spec.tool_start}nothing{spec.tool_end} here.\n{r_close}\nThe answer is 4.",
+           reasoning=f"Maybe {spec.tool_start}nothing{spec.tool_end} here.", content="The answer is 4."),
+        _g(spec, "cut_in_reasoning", think_prefill, "Let me think about the", reasoning="Let me think about the", cut="reasoning"),
+        _g(spec, "cut_in_call", "", f"Sure.\n{call_block([weather])[:-len(spec.tool_end) - 6]}",
+           content="Sure.\n\n" + call_block([weather])[:-len(spec.tool_end) - 6].strip(), cut="call"),
+    ]
+
+
+def _json_call(name, args):
+    return "{" + f'"name": "{name}", "arguments": {json.dumps(args, ensure_ascii=False)}' + "}"
+
+
+def _hermes_block(calls):
+    return "\n".join(f"<tool_call>\n{c}\n</tool_call>" for c in calls)
+
+
+def _xml_value(value):
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _xml_call(name, args):
+    params = "".join(f"<parameter={k}>\n{_xml_value(v)}\n</parameter>\n" for k, v in args.items())
+    return f"<function={name}>\n{params}</function>"
+
+
+def _py_value(value):
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_py_value(k)}: {_py_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_py_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _py_call(name, args):
+    return f"{name}(" + ", ".join(f"{k}={_py_value(v)}" for k, v in args.items()) + ")"
+
+
+def _lfm2_block(calls):
+    return "<|tool_call_start|>[" + ", ".join(calls) + "]<|tool_call_end|>"
+
+
+def _gemma_value(value):
+    if isinstance(value, str):
+        return f'<|"|>{value}<|"|>'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_gemma_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_gemma_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _gemma_call(name, args):
+    return f"call:{name}{_gemma_value(args)}"
+
+
+def _gemma_block(calls):
+    return "".join(f"<|tool_call>{c}<tool_call|>" for c in calls)
+
+
+HERMES = chat_format_make("hermes_json", reasoning=True)
+QWEN_XML = chat_format_make("qwen_xml", reasoning=True)
+LFM2 = chat_format_make("lfm2", reasoning=True)
+GEMMA4 = chat_format_make("gemma4")
+HARMONY = chat_format_make("harmony")
+PLAIN = chat_format_make("plain", reasoning=True)
+HERMES_NO_THINK = chat_format_make("hermes_json")
+
+
+def _harmony() -> list[Golden]:
+    s = HARMONY
+    weather = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris","days":3}<|call|>'
+    return [
+        _g(s, "plain_text", "assistant", "<|channel|>final<|message|>Hello! How can I help?<|return|>", content="Hello! How can I help?"),
+        _g(s, "reasoning_text", "assistant",
+           "<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant<|channel|>final<|message|>Hello there.<|return|>",
+           reasoning="The user greets me.", content="Hello there."),
+        _g(s, "reasoning_one_call", "assistant", f"<|channel|>analysis<|message|>Need the weather.<|end|>{weather}",
+           reasoning="Need the weather.", calls=[("get_weather", {"city": "Paris", "days": 3})]),
+        _g(s, "recipient_in_role", "assistant",
+           ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris", "days": 3}<|call|>',
+           calls=[("get_weather", {"city": "Paris", "days": 3})]),
+        _g(s, "preamble_then_call", "assistant",
+           "<|channel|>commentary<|message|>Checking the weather.<|end|>" + weather,
+           content="Checking the weather.", calls=[("get_weather", {"city": "Paris", "days": 3})]),
+        _g(s, "empty_arguments", "assistant", "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>",
+           calls=[("get_time", {})]),
+        _g(s, "nested_unicode", "assistant",
+           "<|channel|>commentary to=functions.search <|constrain|>json<|message|>" + json.dumps(NESTED_ARGS) + "<|call|>",
+           calls=[("search", NESTED_ARGS)]),
+        _g(s, "call_inside_reasoning", "assistant",
+           "<|channel|>analysis<|message|>Maybe call functions.get_time? No.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.<|return|>",
+           reasoning="Maybe call functions.get_time? No.", content="It is 4."),
+        _g(s, "cut_in_reasoning", "assistant", "<|channel|>analysis<|message|>Let me think about the",
+           reasoning="Let me think about the", cut="reasoning"),
+        _g(s, "cut_in_call", "assistant", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Par',
+           content='{"city":"Par', cut="call"),
+    ]
+
+
+def _plain() -> list[Golden]:
+    s = PLAIN
+    return [
+        _g(s, "plain_text", "", "Hello! <b>How</b> can I help?", content="Hello! <b>How</b> can I help?"),
+        _g(s, "reasoning_text", "<think>\n", "Short thought.</think>Hello.", reasoning="Short thought.", content="Hello."),
+        _g(s, "tool_markup_is_text", "", '<tool_call>{"name": "get_time"}</tool_call>',
+           content='<tool_call>{"name": "get_time"}</tool_call>'),
+        _g(s, "cut_in_reasoning", "<think>\n", "Let me think", reasoning="Let me think", cut="reasoning"),
+        _g(s, "stop_marker_ends_turn", "", "Done.<|im_end|>ignored", content="Done."),
+    ]
+
+
+GOLDEN: list[Golden] = [
+    *_tag_family(HERMES, _json_call, _hermes_block, "<think>\n"),
+    *_tag_family(QWEN_XML, _xml_call, _hermes_block, "<think>\n"),
+    *_tag_family(LFM2, _py_call, _lfm2_block, "<think>\n"),
+    *_tag_family(GEMMA4, _gemma_call, _gemma_block, "<|channel>thought\n"),
+    _g(GEMMA4, "call_then_tool_response_stop", "",
+       "<|tool_call>call:get_time{}<tool_call|><|tool_response>", calls=[("get_time", {})]),
+    _g(HERMES, "string_encoded_arguments", "",
+       '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}\n</tool_call>',
+       calls=[("get_weather", {"city": "Paris"})]),
+    _g(HERMES_NO_THINK, "qwen25_no_reasoning_markers", "", "Sure.<tool_call>\n" + _json_call("get_time", {}) + "\n</tool_call><|im_end|>",
+       content="Sure.", calls=[("get_time", {})]),
+    *_harmony(),
+    *_plain(),
+]
