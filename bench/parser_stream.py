@@ -30,15 +30,17 @@ PARAGRAPH = (
 
 
 def build_reply(chars: int) -> str:
-    reasoning = "<think>\n" + PARAGRAPH * max(1, chars // 4 // len(PARAGRAPH)) + "\n</think>\n\n"
-    parts = [reasoning]
+    """A reply of exactly `chars` characters: a short reasoning block, then the same unit (two
+    paragraphs of content and one tool call) over and over, so that the first and the last 10% hold
+    the same kind of text and any difference in per-token cost is growth with the reply's length."""
+    parts = ["<think>\n" + PARAGRAPH * 3 + "\n</think>\n\n"]
     i = 0
-    while sum(map(len, parts)) < chars:
-        parts.append(PARAGRAPH * 6 + "\n\n")
-        call = {"name": "write_file", "arguments": {"path": f"notes/{i}.md", "text": PARAGRAPH * 2, "lines": i}}
-        parts.append("<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>\n")
+    while sum(map(len, parts)) < chars - 1000:
+        call = {"name": "write_file", "arguments": {"path": f"notes/{i}.md", "text": PARAGRAPH, "lines": i}}
+        parts.append(PARAGRAPH * 2 + "\n<tool_call>\n" + json.dumps(call, ensure_ascii=False) + "\n</tool_call>\n")
         i += 1
-    return "".join(parts)[:chars]
+    reply = "".join(parts)
+    return reply + (PARAGRAPH * 10)[: chars - len(reply)]
 
 
 def tokenize(text: str) -> list[str]:

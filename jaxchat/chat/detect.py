@@ -8,8 +8,8 @@ A marker is *known* when it appears in the template source or is a single token 
 2. `gemma4`      `<|tool_call>` or `<|channel>` is known;
 3. `lfm2`        `<|tool_call_start|>` is known (LFM2 templates may never render it; the vocabulary has it);
 4. `qwen_xml`    the template contains `<tool_call>`, `<function=` and `<parameter=`;
-5. `hermes_json` `<tool_call>` is known and the template writes a JSON object (`{"name": ...` or
-                 `{"arguments": ...`) right after a `<tool_call>` marker, so `<tool_call>name<arg_key>...`
+5. `hermes_json` `<tool_call>` is known and the template writes a JSON object (`{"name": ...`,
+                 `{"arguments": ...` or `tool_call | tojson`) right after a `<tool_call>` marker, so `<tool_call>name<arg_key>...`
                  (GLM, Ling, Laguna, Spark) or a prose mention does not count;
 6. `plain`       anything else: an unknown tool syntax is never guessed.
 
@@ -42,14 +42,17 @@ _THINK = ("<think>", "</think>")
 # Jinja and string-literal noise between `<tool_call>` and the body it introduces: escaped newlines
 # and quotes, whitespace, quotes, concatenation operators, and expression/statement delimiters.
 _NOISE = re.compile(r"\\n|\\\"|\s+|['\"~+]|\{\{-?|-?\}\}|\{%-?|-?%\}")
-_JSON_BODY = ("{name:", "{arguments:")
+# after the noise is removed: a literal JSON object with name/arguments, or a call object dumped whole
+_JSON_BODY = re.compile(r"\{(name|arguments):|[\w.\[\]]+\|tojson")
 _BODY_WINDOW = 80
 
 _PROBE_USER = [{"role": "user", "content": "Hello"}]
-_PROBE_TOOLS = [{
-    "type": "function",
-    "function": {"name": "probe", "description": "Probe.", "parameters": {"type": "object", "properties": {}}},
-}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "probe", "description": "Probe.", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 def is_token_from_vocab(tokens: Iterable[str]) -> Callable[[str], bool]:
@@ -95,8 +98,8 @@ def _has_json_tool_call_body(src: str) -> bool:
     start = 0
     while (i := src.find(_TOOL_CALL, start)) >= 0:
         start = i + len(_TOOL_CALL)
-        body = _NOISE.sub("", src[start:start + _BODY_WINDOW])
-        if body.startswith(_JSON_BODY):
+        body = _NOISE.sub("", src[start : start + _BODY_WINDOW])
+        if _JSON_BODY.match(body):
             return True
     return False
 
@@ -109,7 +112,7 @@ def _generation_tail(template: ChatTemplate) -> str | None:
             without = template.render(_PROBE_USER, tools=tools, add_generation_prompt=False, enable_thinking=False)
         except TemplateError:
             continue
-        return with_prompt[len(without):] if with_prompt.startswith(without) else with_prompt
+        return with_prompt.removeprefix(without)
     return None
 
 
@@ -123,4 +126,4 @@ def _generation_prompt_opens_reasoning(src: str, spec: ChatFormatSpec) -> bool:
     if tail is None:
         return False
     opened = tail.rfind(spec.reasoning_start)
-    return opened >= 0 and spec.reasoning_end not in tail[opened + len(spec.reasoning_start):]
+    return opened >= 0 and spec.reasoning_end not in tail[opened + len(spec.reasoning_start) :]

@@ -70,7 +70,7 @@ def tool_body_calls(
     elif spec.kind == "qwen_xml":
         calls = [parse_qwen_xml_call(body, partial, options.tool_schema(_qwen_xml_name(body)))]
     elif spec.kind == "lfm2":
-        calls = parse_python_calls(body, partial)
+        return parse_python_calls(body, partial)  # validates the whole call list itself
     elif spec.kind == "gemma4":
         calls = [parse_gemma4_call(body, partial)]
     else:
@@ -113,6 +113,11 @@ class TaggedParser:
         self.content = Segments()
         self.reasoning = Segments()
         self.calls: list[ToolCall] = []
+
+    @property
+    def closed_calls(self) -> int:
+        """How many leading calls of every later parse are final."""
+        return len(self.calls)
 
     def parse(self, text: str, is_partial: bool) -> ChatMsg:
         end = self.stops.end(text)

@@ -49,6 +49,11 @@ class HarmonyParser:
         self.reasoning = Segments()
         self.calls: list[ToolCall] = []
 
+    @property
+    def closed_calls(self) -> int:
+        """How many leading calls of every later parse are final."""
+        return len(self.calls)
+
     def parse(self, text: str, is_partial: bool) -> ChatMsg:
         end = self._advance(text)
         msg = ChatMsg(self.reasoning.joined, self.content.joined, list(self.calls))

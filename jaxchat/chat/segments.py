@@ -12,13 +12,25 @@ from typing import Iterable
 SEPARATOR = "\n\n"
 
 
-def cut_partial_marker(text: str, markers: Iterable[str]) -> str:
+def partial_marker_length(text: str, markers: Iterable[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of one of `markers`."""
     longest = 0
     for marker in markers:
-        for k in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:k]):
-                longest = k
+        span = min(len(marker) - 1, len(text))
+        if span <= longest:
+            continue
+        tail = text[-span:]
+        i = tail.find(marker[0])
+        while 0 <= i < span - longest:
+            if marker.startswith(tail[i:]):
+                longest = span - i
                 break
+            i = tail.find(marker[0], i + 1)
+    return longest
+
+
+def cut_partial_marker(text: str, markers: Iterable[str]) -> str:
+    longest = partial_marker_length(text, markers)
     return text[: len(text) - longest] if longest else text
 
 

@@ -37,7 +37,8 @@ def _suffix(field: str, prev: str, cur: str) -> str:
     return ""
 
 
-def chat_compute_deltas(prev: ChatMsg, cur: ChatMsg) -> list[ChatMsgDelta]:
+def chat_compute_deltas(prev: ChatMsg, cur: ChatMsg, first_call: int = 0) -> list[ChatMsgDelta]:
+    """Deltas from `prev` to `cur`; calls before `first_call` are known to be equal in both."""
     deltas: list[ChatMsgDelta] = []
     reasoning = _suffix("reasoning_content", prev.reasoning_content, cur.reasoning_content)
     if reasoning:
@@ -45,7 +46,8 @@ def chat_compute_deltas(prev: ChatMsg, cur: ChatMsg) -> list[ChatMsgDelta]:
     content = _suffix("content", prev.content, cur.content)
     if content:
         deltas.append(ChatMsgDelta(content=content))
-    for index, call in enumerate(cur.tool_calls):
+    for index in range(first_call, len(cur.tool_calls)):
+        call = cur.tool_calls[index]
         if index >= len(prev.tool_calls):
             deltas.append(
                 ChatMsgDelta(
@@ -69,8 +71,13 @@ def chat_compute_deltas(prev: ChatMsg, cur: ChatMsg) -> list[ChatMsgDelta]:
 
 
 def apply_deltas(msg: ChatMsg, deltas: list[ChatMsgDelta]) -> ChatMsg:
-    """The message a client holds after receiving `deltas` on top of `msg`."""
+    """The message a client holds after receiving `deltas` on top of `msg` (which is left as it was)."""
     out = ChatMsg(msg.reasoning_content, msg.content, [replace(c) for c in msg.tool_calls])
+    apply_deltas_in_place(out, deltas)
+    return out
+
+
+def apply_deltas_in_place(out: ChatMsg, deltas: list[ChatMsgDelta]) -> None:
     for delta in deltas:
         out.reasoning_content += delta.reasoning_content
         out.content += delta.content
@@ -79,7 +86,6 @@ def apply_deltas(msg: ChatMsg, deltas: list[ChatMsgDelta]) -> ChatMsg:
         if delta.tool_call_index == len(out.tool_calls):
             out.tool_calls.append(ToolCall(delta.tool_call_name or "", "", delta.tool_call_id or ""))
         out.tool_calls[delta.tool_call_index].arguments += delta.tool_call_arguments
-    return out
 
 
 def chat_finish_reason(msg: ChatMsg, engine_reason: str | None) -> str | None:
@@ -102,6 +108,7 @@ class ChatStream:
         self._ids: list[str] = []
         self.sent = ChatMsg()  # what the client holds: the sum of all deltas returned so far
         self.parsed = ChatMsg()  # the latest parse
+        self._settled = 0  # leading calls that are closed in the parser and fully sent
 
     @property
     def text(self) -> str:
@@ -112,9 +119,14 @@ class ChatStream:
         cur = self._parser.parse(self._text, not is_final)
         while len(self._ids) < len(cur.tool_calls):
             self._ids.append(self._new_id())
-        for call, call_id in zip(cur.tool_calls, self._ids):
-            call.id = call_id
+        for index in range(self._settled, len(cur.tool_calls)):
+            cur.tool_calls[index].id = self._ids[index]
         self.parsed = cur
-        deltas = chat_compute_deltas(self.sent, cur)
-        self.sent = apply_deltas(self.sent, deltas)
+        deltas = chat_compute_deltas(self.sent, cur, self._settled)
+        apply_deltas_in_place(self.sent, deltas)
+        closed = self._parser.closed_calls
+        while self._settled < min(closed, len(self.sent.tool_calls)) and (
+            self.sent.tool_calls[self._settled].arguments == cur.tool_calls[self._settled].arguments
+        ):
+            self._settled += 1
         return deltas

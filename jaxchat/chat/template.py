@@ -7,17 +7,20 @@ Contract:
   `raise_exception`, `strftime_now`, `namespace`, `dict`, and a `tojson` filter that never escapes HTML
   (`ensure_ascii=False` by default; `indent`, `separators`, `sort_keys` accepted).
 - `.render(messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str` renders OpenAI
-  chat messages. Messages are normalised into the shape templates expect: keys set to None are dropped;
-  a content list of text parts becomes one string (parts joined with "\\n"); assistant `tool_calls` keep
-  the OpenAI form and their `function.arguments` JSON string is decoded to a mapping (most templates
-  apply `| tojson` to it), with `name` / `arguments` also at the top level of each call; reasoning
-  given as `reasoning_content`, `reasoning` or `thinking` is visible under `reasoning_content` and
-  `thinking`. An empty tools list reads as no tools. Template variables: `messages`, `tools`,
-  `documents` (None), `add_generation_prompt`, the special tokens, `bos_token`, `eos_token`, then
-  `template_kwargs` (e.g. `enable_thinking`), which override the tokens.
+  chat messages. Messages are normalised into the shape templates expect: keys set to None are
+  dropped, except that a missing or null `content` (an assistant turn with only tool calls) becomes
+  "", which every template handles while some (Qwen3) fail on a missing one; a content list of text
+  parts becomes one string (parts joined with "\\n"); assistant `tool_calls` keep the OpenAI form and
+  their `function.arguments` JSON string is decoded to a mapping (most templates apply `| tojson` to
+  it), with `name` / `arguments` also at the top level of each call; reasoning given as
+  `reasoning_content`, `reasoning` or `thinking` is visible under `reasoning_content` and `thinking`.
+  An empty tools list reads as no tools. Template variables: `messages`, `tools`, `documents` (None),
+  `add_generation_prompt`, the special tokens, `bos_token`, `eos_token`, then `template_kwargs`
+  (e.g. `enable_thinking`), which override the tokens.
 - User data is only ever data: Jinja syntax inside a message or tool is rendered as text. Anything
-  that goes wrong in a template, including `raise_exception(msg)` and attempts to reach Python
-  internals, raises `TemplateError` (a `ValueError`).
+  that goes wrong in a template, including `raise_exception(msg)` and any attempt to reach Python
+  internals (an unsafe attribute fails at once rather than rendering as empty), raises
+  `TemplateError` (a `ValueError`).
 - `.tools_enabled` tells whether the template renders tools at all (a probe tool shows up in the
   prompt).
 """
@@ -28,7 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 import jinja2.ext
@@ -52,7 +55,7 @@ class TemplateError(ValueError):
 class _GenerationBlock(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; here it renders its body."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
@@ -67,7 +70,7 @@ class _GenerationBlock(jinja2.ext.Extension):
 class _SafeNamespace(jinja2.utils.Namespace):
     """A `namespace()` that refuses underscore-prefixed attribute names."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - `self` may also be a keyword
+    def __init__(*args: Any, **kwargs: Any) -> None:  # `self` comes first in args, so that `namespace(self=...)` works
         self, rest = args[0], args[1:]
         values = dict(*rest, **kwargs)
         for key in values:
@@ -102,15 +105,23 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, except that reaching for an unsafe attribute fails instead of rendering ""."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe"
+        )
+
+
 def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
-    )
+    env = _StrictSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -197,8 +208,7 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
         msg = {k: v for k, v in _plain(message, where).items() if v is not None}
         if not isinstance(msg.get("role"), str):
             raise TemplateError(f"{where}.role: must be a string")
-        if "content" in msg:
-            msg["content"] = _content_text(msg["content"], f"{where}.content")
+        msg["content"] = _content_text(msg.get("content", ""), f"{where}.content")
         if "tool_calls" in msg:
             if not isinstance(msg["tool_calls"], list):
                 raise TemplateError(f"{where}.tool_calls: must be a list")
@@ -217,8 +227,9 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may refer to."""
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
-                 special_tokens: Mapping[str, str] | None = None):
+    def __init__(
+        self, source: str, bos_token: str = "", eos_token: str = "", special_tokens: Mapping[str, str] | None = None
+    ):
         if not isinstance(source, str):
             raise TemplateError("chat template: source must be a string")
         self.source = source
@@ -230,8 +241,13 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template does not compile: {exc}") from exc
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = True, **template_kwargs: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
         """The prompt text for `messages` (and `tools`), ending with the assistant's turn header if asked."""
         variables = dict(self._variables)
         variables.update(
@@ -240,16 +256,12 @@ class ChatTemplate:
             documents=None,
             add_generation_prompt=bool(add_generation_prompt),
         )
-        for key in ("messages", "tools", "add_generation_prompt"):
-            if key in template_kwargs:
-                raise TemplateError(f"chat_template_kwargs.{key}: reserved template variable")
         variables.update(_plain(template_kwargs, "chat_template_kwargs"))
         try:
             return self._compiled.render(**variables)
         except jinja2.TemplateError as exc:
             raise TemplateError(exc.message or type(exc).__name__) from exc
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
-                RecursionError) as exc:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError, RecursionError) as exc:
             raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
     @cached_property

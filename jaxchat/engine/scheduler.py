@@ -101,6 +101,9 @@ class Scheduler:
 
     def fail_all(self, message: str) -> None:
         """End every running and waiting request with an error (a device step itself failed)."""
+        with self._lock:
+            self.waiting.extend(self._inbox)
+            self._inbox.clear()
         for seq in [s for s in self.slots[: self.n_active] if s is not None] + list(self.waiting):
             self._finish(seq, "error", error=message)
         self.waiting.clear()

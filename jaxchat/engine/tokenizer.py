@@ -11,6 +11,7 @@ Contract:
 - `StopStringMatcher(stops)` consumes text deltas and returns `(emit, stop)`: text that can safely be
   emitted, holding back the longest suffix that could still begin a stop string; when a stop string
   completes, `stop` is that string and `emit` is the text before it (the stop string is never emitted).
+  The result does not depend on how the text is chunked: the stop string that completes first wins.
 """
 
 from __future__ import annotations
@@ -64,14 +65,14 @@ class StopStringMatcher:
         if not self._stops:
             return text, None
         buf = self._held + text
-        best: tuple[int, str] | None = None
+        best: tuple[int, int, str] | None = None  # the stop string that completes first (then starts first)
         for s in self._stops:
             i = buf.find(s)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
+            if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
+                best = (i + len(s), i, s)
         if best is not None:
             self._held = ""
-            return buf[: best[0]], best[1]
+            return buf[: best[1]], best[2]
         hold = 0
         for s in self._stops:
             for k in range(min(len(s) - 1, len(buf)), hold, -1):

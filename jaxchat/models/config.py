@@ -62,24 +62,24 @@ def from_hf_config(d: dict) -> ModelConfig:
         else:
             theta = rp.get("rope_theta", theta)
             scaling = rp
-    kw: dict = dict(
-        family=mt,
-        vocab_size=int(_req(d, "vocab_size")),
-        hidden_size=hidden,
-        intermediate_size=int(_req(d, "intermediate_size")),
-        num_layers=int(_req(d, "num_hidden_layers")),
-        num_heads=heads,
-        num_kv_heads=int(d.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta if theta is not None else 10000.0),
-        rope_scaling=_rope_scaling(scaling, "rope_scaling"),
-        max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(d.get("tie_word_embeddings", mt == "gemma3_text")),
-        hidden_act=d.get("hidden_act") or d.get("hidden_activation") or "silu",
-        bos_token_id=d.get("bos_token_id"),
-        eos_token_ids=_eos(d),
-    )
+    kw: dict = {
+        "family": mt,
+        "vocab_size": int(_req(d, "vocab_size")),
+        "hidden_size": hidden,
+        "intermediate_size": int(_req(d, "intermediate_size")),
+        "num_layers": int(_req(d, "num_hidden_layers")),
+        "num_heads": heads,
+        "num_kv_heads": int(d.get("num_key_value_heads") or heads),
+        "head_dim": int(head_dim),
+        "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(theta if theta is not None else 10000.0),
+        "rope_scaling": _rope_scaling(scaling, "rope_scaling"),
+        "max_position_embeddings": int(d.get("max_position_embeddings", 4096)),
+        "tie_word_embeddings": bool(d.get("tie_word_embeddings", mt == "gemma3_text")),
+        "hidden_act": d.get("hidden_act") or d.get("hidden_activation") or "silu",
+        "bos_token_id": d.get("bos_token_id"),
+        "eos_token_ids": _eos(d),
+    }
     if mt == "qwen2":
         kw["attention_bias"] = True
         if d.get("use_sliding_window"):

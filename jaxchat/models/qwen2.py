@@ -5,8 +5,8 @@ Contract: same forward as `jaxchat.models.llama`; `hf_entries` adds the three bi
 
 from __future__ import annotations
 
-from jaxchat.models.llama import LlamaBlock, hf_entries  # noqa: F401  (the table follows the config flags)
 from jaxchat.models.layers import CausalLM
+from jaxchat.models.llama import LlamaBlock, hf_entries  # noqa: F401  (the table follows the config flags)
 
 
 class Model(CausalLM):

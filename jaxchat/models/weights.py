@@ -101,9 +101,10 @@ def check(cfg: ModelConfig, tensors: dict[str, Tensor], ignore: tuple[str, ...] 
 
 def _leaf_shapes(abstract_state) -> dict[tuple[str, ...], tuple]:
     import jax
+    from flax import nnx
 
     out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_state.to_pure_dict())[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(abstract_state))[0]:
         out[tuple(str(k.key) for k in path)] = (tuple(leaf.shape), leaf.dtype)
     return out
 
@@ -112,6 +113,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
              where: str = "", desc: str = "loading"):
     """Check, convert, stack and place; returns (graphdef, params pure dict)."""
     import jax
+    from flax import nnx
     from tqdm import tqdm
 
     tab = check(cfg, tensors, ignore, where)
@@ -139,7 +141,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
 
-        specs = param_partition_specs(cfg, abstract.to_pure_dict(), mesh)
+        specs = param_partition_specs(cfg, nnx.to_pure_dict(abstract), mesh)
     params: dict = {}
     for p, buf in buffers.items():
         node = params

@@ -35,25 +35,77 @@ def _quicktok_is_token(encoding: str):
 
 # Literal special-token sets, written in this test because no vocabulary package exists for these models.
 LFM2_SPECIALS = {
-    "<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>",
-    "<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>",
-    "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>",
+    "<|pad|>",
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|fim_pre|>",
+    "<|fim_mid|>",
+    "<|fim_suf|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|tool_list_start|>",
+    "<|tool_list_end|>",
+    "<|tool_call_start|>",
+    "<|tool_call_end|>",
+    "<|tool_response_start|>",
+    "<|tool_response_end|>",
 }
 LFM25_SPECIALS = LFM2_SPECIALS | {"<think>", "</think>"}
 GEMMA2_SPECIALS = {"<bos>", "<eos>", "<pad>", "<unk>", "<start_of_turn>", "<end_of_turn>"}
 GEMMA4_SPECIALS = {
-    "<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
-    "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>', "<|image|>",
+    "<bos>",
+    "<eos>",
+    "<pad>",
+    "<|turn>",
+    "<turn|>",
+    "<|channel>",
+    "<channel|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+    "<|image|>",
 }
 GLM_SPECIALS = {
-    "[gMASK]", "<sop>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
-    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+    "[gMASK]",
+    "<sop>",
+    "<|endoftext|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
 }
 R1_DISTILL_SPECIALS = {
-    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>",
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
 }
-MINIMAX_SPECIALS = {"]~b]", "]~!b[", "[e~[", "]<]minimax[>[", "<tool_call>", "</tool_call>", "<mm:think>", "</mm:think>"}
+MINIMAX_SPECIALS = {
+    "]~b]",
+    "]~!b[",
+    "[e~[",
+    "]<]minimax[>[",
+    "<tool_call>",
+    "</tool_call>",
+    "<mm:think>",
+    "</mm:think>",
+}
 NO_VOCAB = frozenset()  # judge by the template alone
 
 
@@ -166,6 +218,15 @@ def test_synthetic_forced_and_unknown():
     assert str(chat_format_detect("", _vocab("qwen3"))) == "plain with reasoning"
     with pytest.raises(TypeError):
         chat_format_detect(b"bytes", _vocab(NO_VOCAB))
+
+
+def test_hermes_body_forms():
+    dumped = "{% for c in m.tool_calls %}{{- '<tool_call>\\n' }}{{- c.function | tojson }}</tool_call>{% endfor %}"
+    assert chat_format_detect(dumped, _vocab(NO_VOCAB)).kind == "hermes_json"
+    mention = 'Call tools inside <tool_call></tool_call> tags, with a JSON object {"name": ..., "arguments": ...}'
+    assert chat_format_detect(mention, _vocab(NO_VOCAB)).kind == "plain"
+    xml_like = "{{ '<tool_call>' + tc.name }}{% for k, v in tc.arguments.items() %}<arg_key>{{ k }}</arg_key>"
+    assert chat_format_detect(xml_like, _vocab("qwen3")).kind == "plain"
 
 
 def test_is_token_from_vocab():

@@ -1,0 +1,216 @@
+"""Per-request constraints the engine's host loop drives (the `jaxchat.engine.types.Constraint` protocol).
+
+Contract:
+- `GrammarConstraint`: one xgrammar matcher per request. `start(prefill)` feeds the text the prompt
+  already opened (Harmony's leading `assistant` role is dropped); `fill_mask(row)` writes the
+  allowed-token bitmask into `row` (numpy int32[ceil(V/32)], bit j of word i is token 32*i + j,
+  1 = allowed; xgrammar writes it in place, no copy); `accept(token)` advances (False when the
+  grammar rejected the token); `accept_forced(token)` advances by a token the model was made to
+  emit; `rollback(n)` undoes n accepted tokens; `is_terminated()`.
+- Reasoning switch: when the grammar has no reasoning block but reasoning starts anyway (the
+  prefill opens it, or a forced token opens it), the constraint switches to the precompiled
+  grammar that has one and replays the prefill and the accepted tokens into it.
+- `give_up(reason)`: after any rejection the constraint logs `Constrained decoding disabled for
+  this request: <reason>` once and stops masking (every token allowed); the request completes.
+- Marker guard: a single-token marker (`</tool_call>`, `<|call|>`, ...) is masked wherever plain
+  text is also allowed, so markers appear only where the grammar needs them structurally, never
+  inside argument strings (xgrammar's own string `excludes` compile far too slowly).
+- `TokenBanConstraint` (`token_ban_constraint`): a fixed mask with some tokens banned, no grammar
+  (tool_choice "none" when the tool opener is a single token).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import xgrammar as xgr
+
+log = logging.getLogger("jaxchat")
+
+
+def mask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+class GrammarConstraint:
+    """An xgrammar-backed constraint for one request."""
+
+    def __init__(self, compiled, *, vocab_size: int, role: str = "", reasoning_start: str = "",
+                 reasoning_compiled=None, text_stop_ids=(), stop_token_ids=None, guard_ids=(),
+                 late_guard_ids=(), canary_id=None):
+        self._compiled = compiled
+        self._reasoning_compiled = reasoning_compiled  # the grammar to switch to, or None
+        self._stops = stop_token_ids
+        self._matcher = self._new_matcher(compiled)
+        self.vocab_size = vocab_size
+        self.words = mask_words(vocab_size)
+        self.role = role
+        self.reasoning_start = reasoning_start
+        self.text_stop_ids = frozenset(text_stop_ids)
+        self.prefill = ""
+        self.history: list[int] = []
+        self.disabled = False
+        self.switched = False
+        self._inject_rejection = False
+        self._given_up_reason = ""
+        self.guard_ids = tuple(guard_ids)
+        self.late_guard_ids = tuple(late_guard_ids)
+        self.canary_id = canary_id
+
+    def _new_matcher(self, compiled):
+        if self._stops is None:
+            return xgr.GrammarMatcher(compiled)
+        return xgr.GrammarMatcher(compiled, override_stop_tokens=list(self._stops))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, prefill: str = "") -> None:
+        """Feed the prefill (the part of the prompt the output continues) into the matcher."""
+        if self.role and prefill.startswith(self.role):
+            prefill = prefill[len(self.role):]
+        self.prefill = prefill
+        if self.reasoning_start and prefill.startswith(self.reasoning_start) and self._can_switch():
+            self._switch()
+            return
+        if prefill and not self._matcher.accept_string(prefill.encode()):
+            self.give_up(f"the prefill {prefill!r} does not match the grammar")
+
+    def inject_rejection(self) -> None:
+        """Test hook: the next `accept` behaves as if the grammar rejected the token."""
+        self._inject_rejection = True
+
+    def give_up(self, reason: str) -> None:
+        """Stop constraining this request (logged once)."""
+        if not self.disabled:
+            self.disabled = True
+            self._given_up_reason = reason
+            log.warning("Constrained decoding disabled for this request: %s", reason)
+
+    # -- the Constraint protocol ------------------------------------------------------------------
+
+    def fill_mask(self, row: np.ndarray) -> None:
+        """Write the next-token bitmask into `row` (int32, at least ceil(V/32) words)."""
+        if self.disabled or self._matcher.is_terminated():
+            row.fill(-1)
+            return
+        view = row[: self.words].reshape(1, self.words)
+        self._matcher.fill_next_token_bitmask(view)
+        if row.shape[0] > self.words:
+            row[self.words:] = 0
+        if self.canary_id is not None and (self.guard_ids or self.late_guard_ids):
+            self._guard(row.view(np.uint32))
+
+    def _guard(self, bits: np.ndarray) -> None:
+        """Marker guard: where plain text is allowed (the canary token is), a marker token could only
+        be text inside a string or free text, so it is masked out (see tags.guarded_markers)."""
+        c = self.canary_id
+        if c is None or not (bits[c >> 5] >> np.uint32(c & 31)) & 1:
+            return
+        late = self.late_guard_ids if (self.history or self.prefill) else ()
+        for t in (*self.guard_ids, *late):
+            bits[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+
+    def accept(self, token: int) -> bool:
+        self.history.append(int(token))
+        if self.disabled:
+            return True
+        if self._inject_rejection:
+            self._inject_rejection = False
+            self.give_up(f"token {token} rejected (injected by a test)")
+            return False
+        if self._matcher.accept_token(int(token)):
+            return True
+        self.give_up(f"token {token} rejected by the grammar after {len(self.history) - 1} tokens")
+        return False
+
+    def accept_forced(self, token: int) -> bool:
+        """Advance by a token the model is made to emit; switches to the reasoning grammar if needed."""
+        self.history.append(int(token))
+        if self.disabled:
+            return True
+        if self._matcher.accept_token(int(token)):
+            return True
+        if self._can_switch() and self._switch():
+            return True
+        self.give_up(f"forced token {token} rejected by the grammar")
+        return False
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        del self.history[-n:]
+        if not self.disabled:
+            self._matcher.rollback(n)
+
+    def is_terminated(self) -> bool:
+        if self.disabled:
+            return False
+        if self._matcher.is_terminated():
+            return True
+        return bool(self.history) and self.history[-1] in self.text_stop_ids and self._matcher.is_completed()
+
+    # -- reasoning switch -------------------------------------------------------------------------
+
+    def _can_switch(self) -> bool:
+        return self._reasoning_compiled is not None and not self.switched
+
+    def _switch(self) -> bool:
+        """Replay the prefill and the history into the grammar that allows reasoning."""
+        self.switched = True
+        matcher = self._new_matcher(self._reasoning_compiled)
+        ok = not self.prefill or matcher.accept_string(self.prefill.encode())
+        ok = ok and all(matcher.accept_token(t) for t in self.history)
+        if not ok:
+            self.give_up("reasoning started but the output does not match the grammar with reasoning")
+            return False
+        self._matcher = matcher
+        self._compiled = self._reasoning_compiled
+        log.info("Constrained decoding switched to the grammar with reasoning")
+        return True
+
+    @property
+    def matcher(self):
+        return self._matcher
+
+    @property
+    def given_up_reason(self) -> str:
+        return self._given_up_reason
+
+
+class TokenBanConstraint:
+    """A fixed mask: every token allowed except `banned`."""
+
+    def __init__(self, vocab_size: int, banned):
+        self.vocab_size = vocab_size
+        self.words = mask_words(vocab_size)
+        bits = np.ones(self.words * 32, dtype=bool)
+        bits[vocab_size:] = False
+        bits[list(banned)] = False
+        self.banned = tuple(banned)
+        self.mask = np.packbits(bits, bitorder="little").view(np.int32).copy()
+
+    def start(self, prefill: str = "") -> None:
+        pass
+
+    def fill_mask(self, row: np.ndarray) -> None:
+        row[: self.words] = self.mask
+        if row.shape[0] > self.words:
+            row[self.words:] = 0
+
+    def accept(self, token: int) -> bool:
+        return int(token) not in self.banned
+
+    def accept_forced(self, token: int) -> bool:
+        return True
+
+    def rollback(self, n: int) -> None:
+        pass
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def token_ban_constraint(vocab_size: int, token_id: int) -> TokenBanConstraint:
+    """The tool_choice "none" constraint when the tool opener is the single token `token_id`."""
+    return TokenBanConstraint(vocab_size, [token_id])

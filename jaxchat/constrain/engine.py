@@ -1,0 +1,166 @@
+"""The grammar engine: one per model. xgrammar tokenizer info, compiler, compiled-grammar cache.
+
+Contract:
+- `GrammarEngine(tokenizer, vocab_size=None, stop_token_ids=None)` reads the vocabulary of a
+  transformers tokenizer (or of a tiktoken-style encoding with `decode_single_token_bytes`), pads
+  it to `vocab_size` (the model's logits size), and logs `Grammar engine ready in N ms`. Stop tokens
+  that some format's grammar matches as text (`<|call|>`, `<|return|>`, `<|end|>`) are kept out of
+  xgrammar's stop list.
+- `compile(tag)` compiles a structural tag once; later calls with the same tag JSON are a dict hit.
+- `make(spec, request, prefill)` returns the request's constraint (`GrammarConstraint`,
+  `TokenBanConstraint` or None, see `chat_make_constraint`), already started with the prefill.
+- `accepts(spec, request, prefill, text)` feeds a whole output through the grammar byte by byte and
+  returns `(True, len(text_bytes))`, or `(False, byte_offset_in_text)` where it fails (the length
+  when the text is a valid but unfinished prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+
+import xgrammar as xgr
+
+from jaxchat.chat import ChatFormatSpec, ConstraintRequest
+from jaxchat.constrain.constraint import GrammarConstraint, TokenBanConstraint, token_ban_constraint
+from jaxchat.constrain.tags import TEXT_MARKERS, chat_structural_tag, guarded_markers, text_markers
+
+log = logging.getLogger("jaxchat")
+_ALL_TEXT_MARKERS = frozenset(m for ms in TEXT_MARKERS.values() for m in ms)
+
+
+def _vocab_and_eos(tokenizer):
+    """(xgrammar TokenizerInfo builder, default stop ids, tokenizer vocab length)."""
+    if hasattr(tokenizer, "get_vocab"):
+        eos = tokenizer.eos_token_id
+        return "hf", [eos] if isinstance(eos, int) else list(eos or []), len(tokenizer.get_vocab())
+    if hasattr(tokenizer, "decode_single_token_bytes"):
+        n = tokenizer.n_vocab
+        return "bytes", [tokenizer.eot_token], n
+    raise TypeError(f"unsupported tokenizer {type(tokenizer).__name__}: needs get_vocab() or decode_single_token_bytes()")
+
+
+class GrammarEngine:
+    def __init__(self, tokenizer, vocab_size: int | None = None, stop_token_ids=None, max_threads: int = 2):
+        t0 = time.perf_counter()
+        kind, default_stops, n_tok = _vocab_and_eos(tokenizer)
+        self.vocab_size = int(vocab_size or n_tok)
+        if kind == "bytes":
+            vocab = []
+            for i in range(n_tok):
+                try:
+                    vocab.append(tokenizer.decode_single_token_bytes(i))
+                except Exception:  # holes in the id space decode to nothing
+                    vocab.append(b"")
+            self._decoded = vocab
+        stops = [int(s) for s in (stop_token_ids if stop_token_ids is not None else default_stops)]
+        text_of = self._text_of_factory(tokenizer, kind)
+        kept = [s for s in stops if text_of(s) not in _ALL_TEXT_MARKERS] or stops[:1]
+        if kind == "hf":
+            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=kept)
+        else:
+            info = xgr.TokenizerInfo(self._decoded, xgr.VocabType.RAW, vocab_size=self.vocab_size,
+                                     stop_token_ids=kept)
+        self.tokenizer_info = info
+        self.stop_token_ids = tuple(stops)
+        self.xgr_stop_token_ids = tuple(kept)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
+        self._cache: dict[str, object] = {}
+        self._token_ids: dict[bytes, int] | None = None
+        self.ready_ms = (time.perf_counter() - t0) * 1e3
+        log.info("Grammar engine ready in %d ms", round(self.ready_ms))
+
+    def _text_of_factory(self, tokenizer, kind):
+        if kind == "bytes":
+            return lambda i: self._decoded[i].decode("utf-8", "replace") if 0 <= i < len(self._decoded) else ""
+        return lambda i: tokenizer.convert_ids_to_tokens(i) or ""
+
+    # -- vocabulary -------------------------------------------------------------------------------
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token whose text is exactly `text`, or None when `text` is not one token."""
+        if self._token_ids is None:
+            ids: dict[bytes, int] = {}
+            for i, b in enumerate(self.tokenizer_info.decoded_vocab):
+                ids.setdefault(bytes(b), i)
+            self._token_ids = ids
+        return self._token_ids.get(text.encode()) if text else None
+
+    # -- grammars ---------------------------------------------------------------------------------
+
+    def compile(self, tag: dict):
+        """The compiled grammar of a structural tag (cached by its JSON)."""
+        key = json.dumps(tag, ensure_ascii=False)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._cache[key] = self.compiler.compile_structural_tag(key)
+        return compiled
+
+    def _stops_for(self, spec: ChatFormatSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(xgrammar stop ids for this format, stop ids the grammar matches as text)."""
+        ids = {m: self.token_id(m) for m in text_markers(spec)}
+        as_text = tuple(i for i in ids.values() if i is not None)
+        return tuple(s for s in self.xgr_stop_token_ids if s not in as_text), as_text
+
+    def grammar_constraint(self, spec: ChatFormatSpec, request: ConstraintRequest, tag: dict,
+                           tools_enabled: bool = True) -> GrammarConstraint:
+        reasoning = None
+        if spec.reasoning and spec.reasoning_start and not request.allow_reasoning:
+            with_reasoning = chat_structural_tag(spec, replace(request, allow_reasoning=True), tools_enabled)
+            reasoning = self.compile(with_reasoning) if with_reasoning is not None else None
+        stops, as_text = self._stops_for(spec)
+        guards = {m: self.token_id(m) for m in guarded_markers(spec)}
+        late = guards.pop(spec.reasoning_start, None) if spec.reasoning_start else None
+        return GrammarConstraint(
+            self.compile(tag),
+            vocab_size=self.vocab_size,
+            role="assistant" if spec.kind == "harmony" else "",
+            reasoning_start=spec.reasoning_start,
+            reasoning_compiled=reasoning,
+            text_stop_ids=as_text,
+            stop_token_ids=stops or None,
+            guard_ids=tuple(i for i in guards.values() if i is not None and i not in as_text),
+            late_guard_ids=() if late is None else (late,),
+            canary_id=self.token_id("a"),
+        )
+
+    def make(self, spec: ChatFormatSpec, request: ConstraintRequest, prefill: str = "",
+             tools_enabled: bool = True) -> GrammarConstraint | TokenBanConstraint | None:
+        """The constraint of a request, started with `prefill`; None when nothing is constrained."""
+        constraint = chat_make_constraint(self, spec, request, tools_enabled)
+        if constraint is not None:
+            constraint.start(prefill)
+        return constraint
+
+    def accepts(self, spec: ChatFormatSpec, request: ConstraintRequest, prefill: str, text: str,
+                tools_enabled: bool = True) -> tuple[bool, int]:
+        """Feed `text` through the request's grammar; (ok, byte offset in `text` where it failed)."""
+        data = text.encode()
+        tag = chat_structural_tag(spec, request, tools_enabled)
+        if tag is None:
+            return True, len(data)
+        constraint = self.grammar_constraint(spec, request, tag, tools_enabled)
+        constraint.start(prefill)
+        if constraint.disabled:
+            return False, 0
+        matcher = constraint.matcher
+        for i in range(len(data)):
+            if not matcher.accept_string(data[i:i + 1]):
+                return False, i
+        return matcher.is_completed(), len(data)
+
+
+def chat_make_constraint(engine: GrammarEngine, spec: ChatFormatSpec, request: ConstraintRequest,
+                         tools_enabled: bool = True):
+    """A grammar constraint when the request needs one; a token ban for tool_choice "none" when the
+    tool opener is a single token; else None (the decode loop pays nothing). Not yet started."""
+    tag = chat_structural_tag(spec, request, tools_enabled)
+    if tag is not None:
+        return engine.grammar_constraint(spec, request, tag, tools_enabled)
+    if request.tool_choice == "none" and request.tools and spec.tool_start:
+        opener = engine.token_id(spec.tool_start)
+        if opener is not None:
+            return token_ban_constraint(engine.vocab_size, opener)
+    return None

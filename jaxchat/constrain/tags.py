@@ -1,0 +1,230 @@
+"""Structural tags: what a request allows the model to write, as an xgrammar structural tag.
+
+Contract: `chat_structural_tag(spec, request, tools_enabled=True)` returns a JSON-able dict in
+xgrammar's structural-tag format (`{"type": "structural_tag", "format": {...}}`), or None when
+nothing needs constraining (no callable tools and a "text" response_format). The same
+`ChatFormatSpec` drives `jaxchat.chat.chat_parse`, so every text the tag accepts parses into what
+the request asked for. Layout:
+
+    [reasoning?]  optional `reasoning_start any_text reasoning_end ws{0,4}` (only when reasoning is
+                  allowed; optional so that a prefill that already opened it is accepted)
+    body          tool_choice auto:      free text with triggered tool tags (or, under a JSON
+                                         response_format, the JSON or tool calls)
+                  tool_choice required:  at least one call, nothing before it
+                  named function:        exactly one call of that function
+                  none / no tools:       the content (JSON of the schema under json_schema)
+                  parallel_tool_calls false: nothing after the first call
+
+Per-tool tags follow xgrammar's builtin styles (hermes_json = `qwen_3`, qwen_xml = `qwen_3_coder`,
+gemma4 = `gemma_4`, harmony = `harmony`); LFM2's Python call lists are EBNF built by
+`jaxchat.constrain.pyargs.argument_list_rules`. JSON arguments and content are bounded: integers
+and numbers to 16 integer digits (via a schema range; xgrammar then allows 6 fraction digits),
+whitespace runs to `MAX_WS` characters. Marker strings never appear inside free text or strings.
+`RequestError` (400) for tool_choice required / named when the template leaves tools out of the
+prompt (`tools_enabled` false) or the format has no tool-call syntax (`plain`); auto drops them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
+from jaxchat.constrain.pyargs import python_calls_grammar
+
+MAX_WS = 4
+INT_BOUND = 10**16 - 1
+HARMONY_SEP = "<|start|>assistant"
+HARMONY_FINAL = "<|channel|>final<|message|>"
+HARMONY_MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+# Stop tokens that the harmony grammar matches as text: keep them out of xgrammar's stop list.
+TEXT_MARKERS = {"harmony": ("<|call|>", "<|return|>", "<|end|>")}
+
+
+def text_markers(spec: ChatFormatSpec) -> tuple[str, ...]:
+    """Stop-token strings that this format's grammar matches as text."""
+    return TEXT_MARKERS.get(spec.kind, ())
+
+
+def guarded_markers(spec: ChatFormatSpec) -> tuple[str, ...]:
+    """Markers that are never free text: a grammar may need them only structurally (not the tool
+    opener, which triggers tags from free text, nor the ends of free-text regions)."""
+    free_ends = {spec.tool_start, spec.reasoning_end, "<|end|>", "<|return|>"}
+    return tuple(m for m in format_markers(spec) if m not in free_ends)
+
+
+def format_markers(spec: ChatFormatSpec) -> tuple[str, ...]:
+    """Every marker string of the format: kept out of free text and argument strings."""
+    extra = HARMONY_MARKERS if spec.kind == "harmony" else ()
+    found = [spec.reasoning_start, spec.reasoning_end, spec.tool_start, spec.tool_end, *spec.stop_markers, *extra]
+    return tuple(dict.fromkeys(m for m in found if m and m.strip() == m))
+
+
+def _any_text(excludes) -> dict:
+    return {"type": "any_text", "excludes": list(excludes)}
+
+
+def _tag(begin: str, content: dict, end) -> dict:
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
+
+
+def _seq(*elements) -> dict:
+    return {"type": "sequence", "elements": list(elements)}
+
+
+def bounded_schema(schema):
+    """A copy of `schema` whose integers and numbers have a range (so at most 16 integer digits)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    types = schema.get("type")
+    types = types if isinstance(types, list) else [types]
+    if ("integer" in types or "number" in types) and "enum" not in schema and "const" not in schema:
+        if "minimum" not in schema and "exclusiveMinimum" not in schema:
+            out["minimum"] = -INT_BOUND
+        if "maximum" not in schema and "exclusiveMaximum" not in schema:
+            out["maximum"] = INT_BOUND
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(schema.get(key), dict):
+            out[key] = {k: bounded_schema(v) for k, v in schema[key].items()}
+    for key in ("items", "additionalProperties", "not", "contains"):
+        if isinstance(schema.get(key), dict):
+            out[key] = bounded_schema(schema[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(schema.get(key), list):
+            out[key] = [bounded_schema(s) for s in schema[key]]
+    return out
+
+
+def _json(spec: ChatFormatSpec, schema, style: str = "json") -> dict:
+    # No `excludes` here: xgrammar compiles string exclusions slowly (~0.8 s per string property);
+    # single-token markers inside strings are masked by GrammarConstraint's marker guard instead.
+    fmt = {"type": "json_schema", "json_schema": bounded_schema(schema), "max_whitespace_cnt": MAX_WS}
+    if style != "json":
+        fmt["style"] = style
+    return fmt
+
+
+def _params(tool: dict) -> dict:
+    params = tool["function"].get("parameters")
+    return params if isinstance(params, dict) else {"type": "object", "properties": {}}
+
+
+def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
+    """The tag(s) of one tool call in the builtin style of the format (several spellings for harmony)."""
+    name = tool["function"]["name"]
+    params = _params(tool)
+    ts, te = spec.tool_start, spec.tool_end
+    if spec.kind == "hermes_json":  # xgrammar "qwen_3"
+        begin = ts + '\n{"name": ' + json.dumps(name) + ', "arguments": '
+        return [_tag(begin, _json(spec, params), "}\n" + te)]
+    if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"
+        return [_tag(f"{ts}\n<function={name}>\n", _json(spec, params, "qwen_xml"), f"\n</function>\n{te}")]
+    if spec.kind == "gemma4":  # xgrammar "gemma_4"
+        return [_tag(f"{ts}call:{name}", _json(spec, params, "gemma"), te)]
+    if spec.kind == "harmony":  # xgrammar "harmony", plus the spacing gpt-oss emits
+        content = _json(spec, params)
+        heads = (
+            f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
+            f"<|channel|>commentary to=functions.{name}<|constrain|>json<|message|>",
+            f" to=functions.{name}<|channel|>commentary <|constrain|>json<|message|>",
+            f" to=functions.{name}<|channel|>commentary json<|message|>",
+        )
+        return [_tag(head, content, te) for head in heads]
+    raise ValueError(f"chat format {spec.kind!r} has no tool-call syntax")
+
+
+def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, excludes) -> dict:
+    """Tool calls triggered by the tool opener: free text allowed around them unless at_least_one."""
+    if spec.kind == "lfm2":
+        grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
+        tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]
+    else:
+        tags = [tag for t in tools for tag in tool_tag(spec, t)]
+    if single and len(tools) == 1 and at_least_one and spec.kind != "lfm2" and len(tags) == 1:
+        return tags[0]
+    return {
+        "type": "triggered_tags",
+        "triggers": [spec.tool_start],
+        "tags": tags,
+        "at_least_one": at_least_one,
+        "stop_after_first": single,
+        "excludes": [m for m in excludes if m != spec.tool_start],
+    }
+
+
+def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
+    if request.response_format == "json_schema" and isinstance(request.json_schema, dict):
+        return _json(spec, request.json_schema)
+    if request.response_format in ("json_object", "json_schema"):
+        return _json(spec, {"type": "object"})
+    return None
+
+
+def callable_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools_enabled: bool = True) -> tuple[dict, ...]:
+    """The tools the grammar lets the model call; RequestError when a call is demanded but impossible."""
+    tools = request.callable_tools
+    if not tools:
+        return ()
+    if not tools_enabled or not spec.has_tools:
+        if request.tool_choice == "required":
+            why = "this model's chat template leaves tools out of the prompt" if spec.has_tools and not tools_enabled \
+                else f"this model's chat format ({spec.kind}) has no tool-call syntax"
+            raise RequestError("tool_choice", f"tool_choice {_choice_name(request)} cannot be honoured: {why}")
+        return ()
+    return tools
+
+
+def _choice_name(request: ConstraintRequest) -> str:
+    return f"function {request.named_tool!r}" if request.named_tool else repr(request.tool_choice)
+
+
+def _reasoning_prefix(spec: ChatFormatSpec, excludes) -> dict:
+    inner = [m for m in excludes if m not in (spec.reasoning_end, spec.tool_start, spec.tool_end)]
+    block = _tag(spec.reasoning_start, _any_text(inner), spec.reasoning_end)
+    return {"type": "optional", "content": _seq(block, {"type": "regex", "pattern": r"\s{0,%d}" % MAX_WS})}
+
+
+def _harmony_body(spec, request, tools, content) -> dict | None:
+    markers = format_markers(spec)
+    calls = [tag for t in tools for tag in tool_tag(spec, t)]
+    final = _tag(HARMONY_FINAL, content or _any_text(markers), ["<|return|>", "<|end|>"])
+    if not tools:
+        if content is None:
+            return None
+        body = final
+    elif request.tool_choice == "required":
+        body = {"type": "or", "elements": calls}
+    else:
+        body = {"type": "or", "elements": [final, *calls]}
+    if not (spec.reasoning and request.allow_reasoning):
+        return body
+    analysis = _tag(spec.reasoning_start, _any_text([m for m in markers if m != "<|end|>"]), "<|end|>")
+    messages = {"type": "star", "content": _seq(analysis, {"type": "const_string", "value": HARMONY_SEP})}
+    return _seq(messages, body)
+
+
+def chat_structural_tag(spec: ChatFormatSpec, request: ConstraintRequest, tools_enabled: bool = True) -> dict | None:
+    """The xgrammar structural tag (a dict) constraining the output of `request`, or None."""
+    tools = callable_tools(spec, request, tools_enabled)
+    content = _content(spec, request)
+    if spec.kind == "harmony":
+        body = _harmony_body(spec, request, tools, content)
+        return None if body is None else {"type": "structural_tag", "format": body}
+    if not tools and content is None:
+        return None
+    excludes = format_markers(spec)
+    single = not request.parallel_tool_calls
+    if not tools:
+        body = content
+    elif request.named_tool is not None:
+        named = [t for t in tools if t["function"]["name"] == request.named_tool] or list(tools[:1])
+        body = _calls(spec, named, True, True, excludes)
+    elif request.tool_choice == "required":
+        body = _calls(spec, tools, True, single, excludes)
+    elif content is None:
+        body = _calls(spec, tools, False, single, excludes)
+    else:
+        body = {"type": "or", "elements": [content, _calls(spec, tools, True, single, excludes)]}
+    if spec.reasoning and spec.reasoning_start and request.allow_reasoning:
+        body = _seq(_reasoning_prefix(spec, excludes), body)
+    return {"type": "structural_tag", "format": body}

@@ -1,0 +1,180 @@
+"""The async `Engine`: one model, a fixed set of slots, a host loop in its own thread.
+
+Contract:
+- `Engine(model, max_batch=16, max_context=2048, ...)` places the params on a mesh over all local devices
+  (axis "tp", `model.partition_specs(mesh)`), allocates the batch KV cache, precompiles every batch and
+  prompt-length bucket (`warmup=True`) and starts the host loop thread; after that no request compiles.
+- `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
+  has `finished=True`.  Leaving the loop early (break, cancellation) aborts the request.
+- `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
+  `engine.abort(request_id)` frees the request's slot at the next step ("abort").
+- `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
+  compile_count, compiles_after_warmup) for /metrics; `engine.shutdown()` stops the thread (idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxchat.engine.compiles import compile_count
+from jaxchat.engine.scheduler import Scheduler
+from jaxchat.engine.step import StepRunner, make_mesh, pow2_buckets
+from jaxchat.engine.types import GenerationOutput, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Any,
+        max_batch: int = 16,
+        max_context: int = 2048,
+        *,
+        mesh: jax.sharding.Mesh | None = None,
+        batch_buckets: Sequence[int] | None = None,
+        length_buckets: Sequence[int] | None = None,
+        min_prefill_bucket: int = 16,
+        max_prefills_per_step: int = 4,
+        warmup: bool = True,
+        start: bool = True,
+    ) -> None:
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.eos_token_ids = tuple(model.eos_token_ids)
+        self.mesh = mesh if mesh is not None else (getattr(model, "mesh", None) or make_mesh())
+        cfg = model.config
+        vocab = cfg.vocab_size
+        valid_vocab = min(vocab, len(self.tokenizer)) if self.tokenizer is not None else vocab
+        specs = model.partition_specs(self.mesh)
+        shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+        params = jax.device_put(model.params, shardings)
+        cache_k, cache_v = model.empty_cache(max_batch, max_context)
+        self.runner = StepRunner(
+            model.forward, params, cache_k, cache_v, vocab, valid_vocab, self.mesh,
+            batch_buckets or pow2_buckets(1, max_batch),
+            length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
+        )
+        self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step)
+        if warmup:
+            self.runner.warmup()
+        self._compiles_at_ready = compile_count()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    @classmethod
+    def from_path(cls, path: str | None = None, *, dtype: str = "float32", max_batch: int = 16,
+                  max_context: int = 2048, **kwargs: Any) -> Engine:
+        """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) and build an engine."""
+        from jaxchat.models import load_model
+
+        if path is None:
+            from jaxchat.assets import asset_path
+
+            path = asset_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+        mesh = kwargs.pop("mesh", None) or make_mesh()
+        return cls(load_model(path, dtype, mesh), max_batch, max_context, mesh=mesh, **kwargs)
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="jaxchat-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._thread = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _loop(self) -> None:
+        sched = self.scheduler
+        while True:
+            with self._cv:
+                while not self._stopped and not sched.has_work():
+                    self._cv.wait(timeout=0.5)
+                if self._stopped:
+                    break
+            try:
+                sched.step()
+            except Exception as e:  # a device step failed: fail the affected requests, keep serving
+                log.exception("engine step failed")
+                sched.fail_all(f"engine step failed: {type(e).__name__}: {e}")
+        sched.fail_all("engine shut down")
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, callback: Callable[[GenerationOutput], None]) -> str:
+        """Queue `request`; `callback` receives each delta on the engine thread. Returns the request id."""
+        if not request.request_id:
+            request = dataclasses.replace(request, request_id=uuid.uuid4().hex)
+        if self._stopped:
+            raise RuntimeError("engine is shut down")
+        self.scheduler.submit(request, callback)
+        with self._cv:
+            self._cv.notify_all()
+        return request.request_id
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+        with self._cv:
+            self._cv.notify_all()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
+        rid_box: list[str] = []
+
+        def emit(out: GenerationOutput) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, out)
+            except RuntimeError:  # the caller's event loop is gone
+                if rid_box:
+                    self.scheduler.abort(rid_box[0])
+
+        rid = self.submit(request, emit)
+        rid_box.append(rid)
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def stats(self) -> dict[str, int]:
+        s = self.scheduler
+        total = compile_count()
+        return {
+            "running": s.n_active,
+            "waiting": len(s.waiting) + len(s._inbox),
+            "free_slots": len(s.slots) - s.n_active,
+            "max_batch": len(s.slots),
+            "max_context": self.runner.max_context,
+            "steps": s.steps,
+            "generated_tokens": s.generated_tokens,
+            "compile_count": total,
+            "compiles_after_warmup": total - self._compiles_at_ready,
+        }

@@ -1,0 +1,167 @@
+"""GGUF files (llama.cpp), dequantised with the `gguf` package into the target dtype.
+
+Contract: `load_gguf(file, dtype, mesh)` maps the GGUF metadata of the architectures "llama",
+"qwen2", "qwen3" and "gemma3" to a `ModelConfig`, renames every tensor to its HF name through a
+strict table (an unknown GGUF tensor is an error naming it) and then goes through the same strict
+check as HF checkpoints. Fix-ups of llama.cpp's converter are undone: llama Q/K rows are
+un-permuted (rotary pairs interleaved back to halves), Gemma norm weights (stored as 1 + w) get 1
+subtracted. A model without `output.weight` has tied embeddings. The tokenizer comes from the GGUF
+through transformers, the chat template from the `tokenizer.chat_template` metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from jaxchat.models.base import LoadedModel, ModelConfig, ModelLoadError
+from jaxchat.models.weights import Tensor, assemble
+
+ARCH_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+BLOCK_NAMES = {  # GGUF suffix -> HF suffix, within blk.{i} / model.layers.{i}
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+GEMMA_BLOCK_NAMES = {
+    **BLOCK_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def hf_name(gguf_name: str, arch: str) -> str:
+    if gguf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf_name]
+    m = BLOCK_RE.fullmatch(gguf_name)
+    table = GEMMA_BLOCK_NAMES if arch == "gemma3" else BLOCK_NAMES
+    if m and m.group(2) in table:
+        return f"model.layers.{m.group(1)}.{table[m.group(2)]}"
+    raise ModelLoadError(f"unmapped GGUF tensor {gguf_name!r} for architecture {arch!r}")
+
+
+def config_from_gguf(reader, names: set[str], embd_rows: int) -> ModelConfig:
+    arch = field(reader, "general.architecture")
+    if arch not in ARCH_FAMILY:
+        raise ModelLoadError(f"general.architecture {arch!r} is not supported (supported: {sorted(ARCH_FAMILY)})")
+
+    def req(key: str):
+        v = field(reader, f"{arch}.{key}")
+        if v is None:
+            raise ModelLoadError(f"GGUF metadata {arch}.{key} is missing")
+        return v
+
+    hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
+    head_dim = int(field(reader, f"{arch}.attention.key_length", hidden // heads))
+    eos = [field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+    kw: dict = {
+        "family": ARCH_FAMILY[arch],
+        "vocab_size": int(field(reader, f"{arch}.vocab_size", embd_rows)),
+        "hidden_size": hidden,
+        "intermediate_size": int(req("feed_forward_length")),
+        "num_layers": int(req("block_count")),
+        "num_heads": heads,
+        "num_kv_heads": int(field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(req("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(field(reader, f"{arch}.context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_ids": tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
+    }
+    if arch == "qwen2":
+        kw["attention_bias"] = True
+    elif arch == "qwen3":
+        kw["qk_norm"] = True
+    elif arch == "llama":
+        kw["attention_bias"] = "blk.0.attn_q.bias" in names
+        if field(reader, "llama.rope.scaling.type") == "linear":
+            kw["rope_scaling"] = {"rope_type": "linear", "factor": float(req("rope.scaling.factor"))}
+    elif arch == "gemma3":
+        n = kw["num_layers"]
+        kw.update(qk_norm=True, hidden_act="gelu_pytorch_tanh",
+                  sliding_window=int(req("attention.sliding_window")),
+                  layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)),
+                  rope_local_base_freq=10000.0, query_pre_attn_scalar=float(head_dim))
+        if field(reader, "gemma3.rope.scaling.type") == "linear":
+            kw["rope_scaling"] = {"rope_type": "linear", "factor": float(req("rope.scaling.factor"))}
+    return ModelConfig(**kw)
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: per head, rows (pair j, half h) -> (half h, pair j)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tensor(t, name: str, arch: str, cfg_heads: tuple[int, int]) -> Tensor:
+    shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+
+    def load():
+        from gguf.quants import dequantize
+
+        x = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        if arch == "llama" and name.endswith("attn_q.weight"):
+            x = unpermute(x, cfg_heads[0])
+        elif arch == "llama" and name.endswith("attn_k.weight"):
+            x = unpermute(x, cfg_heads[1])
+        elif arch == "gemma3" and name.endswith("norm.weight"):
+            x = x - 1.0
+        return x
+
+    return Tensor(shape, load)
+
+
+def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
+    import gguf
+
+    path = Path(path)
+    reader = gguf.GGUFReader(str(path))
+    names = {t.name for t in reader.tensors}
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise ModelLoadError(f"{path.name}: missing tensor 'token_embd.weight'")
+    cfg = config_from_gguf(reader, names, int(embd.shape[-1]))
+    arch = field(reader, "general.architecture")
+    heads = (cfg.num_heads, cfg.num_kv_heads)
+    tensors = {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
+    graphdef, params = assemble(cfg, tensors, dtype, mesh, where=path.name, desc=f"loading {path.name}")
+    template = field(reader, "tokenizer.chat_template")
+    tok = None
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        if template and not getattr(tok, "chat_template", None):
+            tok.chat_template = template
+    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
+                       eos_token_ids=cfg.eos_token_ids, bos_token_id=cfg.bos_token_id, mesh=mesh, source=str(path))

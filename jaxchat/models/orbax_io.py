@@ -1,0 +1,81 @@
+"""Orbax checkpoints: a self-contained directory with params, config and tokenizer.
+
+Contract: `save_orbax(model, dst)` writes `dst/params` (an orbax StandardCheckpointer tree of the
+pure param dict), `dst/config.json` (HF-style, see `ModelConfig.to_hf_config`), the tokenizer files
+(`save_pretrained`, chat template included) and `dst/jaxchat_orbax.json` (the marker `load_model`
+detects, with dtype, eos/bos ids and the chat template). `load_orbax(dst, dtype, mesh)` restores
+straight into the target dtype and, given a mesh, into the target `NamedSharding`s (no host copy
+of the full tree first). `dst` must not exist or be an empty directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxchat.models.base import LoadedModel, ModelConfig, ModelLoadError
+
+MARKER = "jaxchat_orbax.json"
+
+
+def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
+    import orbax.checkpoint as ocp
+
+    dst = Path(dst).absolute()
+    if dst.exists() and any(dst.iterdir()):
+        raise ModelLoadError(f"orbax destination {str(dst)!r} exists and is not empty")
+    dst.mkdir(parents=True, exist_ok=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(dst / "params", model.params)
+        ckptr.wait_until_finished()
+    (dst / "config.json").write_text(json.dumps(model.config.to_hf_config(), indent=2))
+    if model.tokenizer is not None:
+        tok = model.tokenizer
+        if model.chat_template and not getattr(tok, "chat_template", None):
+            tok.chat_template = model.chat_template
+        tok.save_pretrained(str(dst))
+    meta = {
+        "format": 1,
+        "dtype": str(model.dtype),
+        "eos_token_ids": list(model.eos_token_ids),
+        "bos_token_id": model.bos_token_id,
+        "chat_template": model.chat_template,
+        "source": model.source,
+    }
+    (dst / MARKER).write_text(json.dumps(meta, indent=2))
+    return dst
+
+
+def load_orbax(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from jaxchat.models.hf_loader import load_tokenizer
+    from jaxchat.models.weights import abstract_model
+
+    path = Path(path).absolute()
+    meta = json.loads((path / MARKER).read_text())
+    cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    graphdef, abstract = abstract_model(cfg, dtype)
+    shapes = nnx.to_pure_dict(abstract)
+    if mesh is not None:
+        from jaxchat.models.sharding import param_partition_specs
+
+        specs = param_partition_specs(cfg, shapes, mesh)
+        target = jax.tree.map(
+            lambda s, p: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=jax.sharding.NamedSharding(mesh, p)),
+            shapes, specs)
+    else:
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=dev), shapes)
+    with ocp.StandardCheckpointer() as ckptr:
+        try:
+            params = ckptr.restore(path / "params", target)
+        except (ValueError, KeyError) as e:
+            raise ModelLoadError(f"orbax checkpoint {str(path)!r} does not match its config.json: {e}") from e
+    tok = load_tokenizer(path)
+    template = meta.get("chat_template") or (getattr(tok, "chat_template", None) if tok is not None else None)
+    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
+                       eos_token_ids=tuple(meta.get("eos_token_ids") or cfg.eos_token_ids),
+                       bos_token_id=meta.get("bos_token_id"), mesh=mesh, source=str(path))

@@ -1,0 +1,171 @@
+"""The OpenAI-compatible Starlette app: routes, auth, errors and metrics around an injected ChatService.
+
+Contract
+--------
+`create_app(service, api_key=None, limits=ServerLimits())` returns a Starlette app with
+`POST /v1/chat/completions` and `POST /v1/completions` (JSON, or SSE with `stream: true`),
+`GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
+through `read_json_object` (size, content type, UTF-8, JSON, depth) and `jaxchat.server.validate`
+before the service sees it; a `model` other than `service.model_id` is a 404 `model_not_found`
+(an absent `model` means the served one). With an `api_key`, every route but `/health` needs
+`Authorization: Bearer <key>` (compared in constant time), else 401. Every error, including unknown
+routes (404) and wrong methods (405), is an OpenAI error body; unexpected exceptions are logged
+and answered with a generic 500. A client that disconnects cancels its request (streamed or not).
+`app.state.drain` is the shutdown coordinator `jaxchat.server.run` drives on SIGTERM; `app.state.metrics`
+holds the per-app registry.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from jaxchat.server.body import read_json_object
+from jaxchat.server.errors import ApiError, error_for_exception
+from jaxchat.server.limits import ServerLimits
+from jaxchat.server.metrics import CONTENT_TYPE, Metrics
+from jaxchat.server.sse import ClientGone, Drain, SSEStream, run_until_gone
+from jaxchat.server.validate import validate_chat_body, validate_completion_body
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("jaxchat.server")
+
+
+class _Api:
+    def __init__(self, service, api_key: str | None, limits: ServerLimits) -> None:
+        self.service = service
+        self.key = api_key.encode("utf-8") if api_key else None
+        self.limits = limits
+        self.metrics = Metrics(service)
+        self.drain = Drain()
+        self.created = int(time.time())
+
+    # ---- plumbing --------------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        if self.key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+        given = token.strip().encode("latin-1", "replace")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.key):
+            raise ApiError(401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model != self.service.model_id:
+            raise ApiError(404, f"The model {model[:200]!r} does not exist; this server serves {self.service.model_id!r}",
+                           param="model", code="model_not_found")
+        body["model"] = self.service.model_id
+
+    def endpoint(self, handler: Callable[[Request, float], Awaitable[Response]], public: bool = False):
+        async def run(request: Request) -> Response:
+            started = time.monotonic()
+            try:
+                if not public:
+                    self.authorize(request)
+                if self.drain.draining and request.url.path.startswith("/v1/"):
+                    raise ApiError(503, "the server is shutting down", code="server_shutdown")
+                response = await handler(request, started)
+            except ClientGone:
+                self.metrics.disconnects.inc()
+                self.metrics.observe_request(request.url.path, 499, time.monotonic() - started)
+                return Response(status_code=499)
+            except Exception as exc:  # noqa: BLE001 - the HTTP boundary: every failure becomes an error body
+                err = error_for_exception(exc, request.url.path)
+                response = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+            if not isinstance(response, SSEStream):
+                self.metrics.observe_request(request.url.path, response.status_code, time.monotonic() - started)
+            return response
+
+        return run
+
+    def stream(self, request: Request, iterator, client_usage: bool, started: float) -> SSEStream:
+        path = request.url.path
+        self.metrics.streams_active.inc()
+
+        def on_end(status, usage, ttft, decode, tokens, gone) -> None:
+            self.metrics.streams_active.dec()
+            if gone:
+                self.metrics.disconnects.inc()
+            self.metrics.observe_usage(usage)
+            if status == 200:
+                self.metrics.observe_stream_timing(ttft, decode, tokens)
+            self.metrics.observe_request(path, 499 if gone and status == 200 else status, time.monotonic() - started)
+
+        return SSEStream(iterator, self.drain, client_usage, on_end, started)
+
+    async def generate(self, request: Request, started: float, validate, complete, complete_stream) -> Response:
+        body = await read_json_object(request, self.limits)
+        self.check_model(body)  # before validation, as vLLM does: a wrong model is a 404 whatever else is wrong
+        body = validate(body, self.limits, getattr(self.service, "max_context", None))
+        if body.get("stream"):
+            client_usage = bool(body.get("stream_options", {}).get("include_usage"))
+            body["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
+            return self.stream(request, complete_stream(body), client_usage, started)
+        result = await run_until_gone(request.receive, complete(body), self.drain)
+        self.metrics.observe_usage(result.get("usage") if isinstance(result, dict) else None)
+        return JSONResponse(result)
+
+    # ---- routes ----------------------------------------------------------------------------------
+    async def chat(self, request: Request, started: float) -> Response:
+        svc = self.service
+        return await self.generate(request, started, validate_chat_body, svc.chat_completion, svc.chat_completion_stream)
+
+    async def completions(self, request: Request, started: float) -> Response:
+        svc = self.service
+        return await self.generate(request, started, validate_completion_body, svc.completion, svc.completion_stream)
+
+    async def models(self, request: Request, started: float) -> Response:
+        card = {"id": self.service.model_id, "object": "model", "created": self.created, "owned_by": "jaxchat",
+                "max_model_len": getattr(self.service, "max_context", None)}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request, started: float) -> Response:
+        return JSONResponse({"status": "draining" if self.drain.draining else "ok"},
+                            status_code=503 if self.drain.draining else 200)
+
+    async def prometheus(self, request: Request, started: float) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def create_app(service, api_key: str | None = None, limits: ServerLimits | None = None) -> Starlette:
+    for name in ("model_id", "chat_completion", "chat_completion_stream", "completion", "completion_stream", "stats"):
+        if not hasattr(service, name):
+            raise TypeError(f"service does not implement ChatService: missing {name!r}")
+    api = _Api(service, api_key, limits or ServerLimits())
+    routes = [
+        Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
+        Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
+        Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
+        Route("/health", api.endpoint(api.health, public=True), methods=["GET"]),
+        Route("/metrics", api.endpoint(api.prometheus), methods=["GET"]),
+    ]
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        message = {404: f"no route {request.url.path[:200]!r}", 405: f"method {request.method} is not allowed here"}
+        err = ApiError(status, message.get(status, str(getattr(exc, "detail", "error"))))
+        api.metrics.observe_request(request.url.path, status)
+        return JSONResponse(err.body(), status_code=status, headers=getattr(exc, "headers", None) or {})
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        err = error_for_exception(exc, request.url.path)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: unexpected})
+    app.state.api = api
+    app.state.drain = api.drain
+    app.state.metrics = api.metrics
+    return app

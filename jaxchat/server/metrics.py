@@ -1,0 +1,110 @@
+"""Prometheus metrics for one app, in its own `CollectorRegistry` (several apps never share counters).
+
+Contract: `Metrics.render()` returns the text exposition for `GET /metrics`, refreshing the gauges
+from `service.stats()` first. Names (all prefixed `jaxchat_`):
+
+* `requests_total{route,status}`: every answered request; routes are the API's paths, anything
+  else is counted as `other` so that probing random paths cannot grow the label set;
+* `prompt_tokens_total`, `completion_tokens_total`: from the `usage` of every response and stream;
+* `time_to_first_token_seconds`: request arrival to the first chunk carrying generated output
+  (streams only); `time_per_output_token_seconds`: (last - first chunk) / (completion tokens - 1);
+  `request_duration_seconds{route}`: arrival to the end of the response;
+* `stream_disconnects_total`: streams the client left early; `streams_active`: open SSE streams;
+* gauges from `service.stats()`: `requests_running`, `requests_waiting`, `batch_slots_total`,
+  `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles`, plus `service_<key>` for any
+  other numeric entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+log = logging.getLogger("jaxchat.server")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+_KNOWN_STATS = {
+    "running": "requests_running",
+    "waiting": "requests_waiting",
+    "slots_total": "batch_slots_total",
+    "slots_busy": "batch_slots_busy",
+    "compiles": "compiles",
+}
+
+
+class Metrics:
+    def __init__(self, service) -> None:
+        self.service = service
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("jaxchat_requests", "Requests answered, by route and HTTP status", ["route", "status"], registry=r)
+        self.prompt_tokens = Counter("jaxchat_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.completion_tokens = Counter("jaxchat_completion_tokens", "Completion tokens generated", registry=r)
+        self.ttft = Histogram("jaxchat_time_to_first_token_seconds", "Time to the first generated chunk", buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("jaxchat_time_per_output_token_seconds", "Time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
+        self.duration = Histogram("jaxchat_request_duration_seconds", "Request duration", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.disconnects = Counter("jaxchat_stream_disconnects", "Streams ended early by the client", registry=r)
+        self.streams_active = Gauge("jaxchat_streams_active", "Open SSE streams", registry=r)
+        self.occupancy = Gauge("jaxchat_batch_occupancy", "Busy batch slots / total slots", registry=r)
+        self._stat_gauges: dict[str, Gauge] = {}
+        for key, name in _KNOWN_STATS.items():
+            self._gauge(key, name)
+
+    @staticmethod
+    def route_label(path: str) -> str:
+        return path if path in ROUTES else "other"
+
+    def observe_request(self, path: str, status: int, seconds: float | None = None) -> None:
+        route = self.route_label(path)
+        self.requests.labels(route=route, status=str(status)).inc()
+        if seconds is not None:
+            self.duration.labels(route=route).observe(seconds)
+
+    def observe_usage(self, usage: object) -> None:
+        if not isinstance(usage, dict):
+            return
+        for key, counter in (("prompt_tokens", self.prompt_tokens), ("completion_tokens", self.completion_tokens)):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                counter.inc(value)
+
+    def observe_stream_timing(self, ttft: float | None, decode_seconds: float | None, tokens: int) -> None:
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if decode_seconds is not None and tokens > 1:
+            self.tpot.observe(decode_seconds / (tokens - 1))
+
+    def _gauge(self, key: str, name: str | None = None) -> Gauge | None:
+        if key not in self._stat_gauges:
+            metric = name or "service_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+            try:
+                self._stat_gauges[key] = Gauge(f"jaxchat_{metric}", f"service.stats()['{key}']", registry=self.registry)
+            except ValueError:  # a name clash with an existing metric: skip this stat
+                self._stat_gauges[key] = None
+        return self._stat_gauges[key]
+
+    def refresh(self) -> None:
+        try:
+            stats = self.service.stats()
+        except Exception:
+            log.exception("service.stats() failed; /metrics shows the last values")
+            return
+        if not isinstance(stats, dict):
+            return
+        for key, value in stats.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(key, str):
+                gauge = self._gauge(key)
+                if gauge is not None:
+                    gauge.set(value)
+        total, busy = stats.get("slots_total"), stats.get("slots_busy")
+        if isinstance(total, (int, float)) and isinstance(busy, (int, float)) and total > 0:
+            self.occupancy.set(busy / total)
+
+    def render(self) -> bytes:
+        self.refresh()
+        return generate_latest(self.registry)

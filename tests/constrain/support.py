@@ -1,0 +1,175 @@
+"""Test support: vocabularies with a GrammarEngine, the request table, and the seeded random walk.
+
+The walk picks a uniformly random allowed token each step until the grammar terminates, the model
+would stop (an end-of-turn token), or `max_steps`. Stated bias towards termination: with
+probability `P_MARKER` a step emits a whole format marker (tool opener, tool end, reasoning end,
+an end-of-turn token) if the grammar allows its first token, and with probability `P_CLOSE` it
+picks uniformly among the allowed tokens made only of closing punctuation (`"}]),` and spaces).
+Without it free text would run for ~10^5 tokens before an end-of-turn token came up.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxchat.chat import chat_constraint_request_from_openai
+from jaxchat.constrain import GrammarEngine
+
+P_MARKER = 0.08
+P_CLOSE = 0.12
+_CLOSERS = set('"}]), \n')
+
+
+@dataclass
+class Vocab:
+    engine: GrammarEngine
+    encode: object  # str -> list[int]
+    token_bytes: list  # id -> bytes
+    stops: tuple  # end-of-turn token ids (the engine stops on them)
+
+    @staticmethod
+    def hf(tokenizer, vocab_size: int, stops: tuple) -> "Vocab":
+        engine = GrammarEngine(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stops))
+        tb = [bytes(b) for b in engine.tokenizer_info.decoded_vocab]
+        return Vocab(engine, lambda s: tokenizer.encode(s, add_special_tokens=False), tb, tuple(stops))
+
+    @staticmethod
+    def quicktok(name: str, stops: tuple) -> "Vocab":
+        import quicktok
+
+        enc = quicktok.get_encoding(name)
+        ids = tuple(enc.encode_single_token(s) for s in stops)
+        engine = GrammarEngine(enc, stop_token_ids=list(ids))
+        tb = [bytes(b) for b in engine.tokenizer_info.decoded_vocab]
+        return Vocab(engine, enc.encode_with_special_tokens, tb, ids)
+
+    def decode(self, ids) -> str:
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", "replace")
+
+    def closers(self) -> np.ndarray:
+        if not hasattr(self, "_closers"):
+            n = self.engine.vocab_size
+            mask = np.zeros(n, dtype=bool)
+            for i, b in enumerate(self.token_bytes[:n]):
+                mask[i] = bool(b) and set(b.decode("utf-8", "replace")) <= _CLOSERS
+            self._closers = mask
+        return self._closers
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["c", "f"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "hourly": {"type": "boolean"},
+        },
+        "required": ["city"],
+    }}},
+    {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+            "score": {"type": "number"},
+        },
+        "required": ["query", "score"],
+    }}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}, "confidence": {"type": "integer"}, "sure": {"type": "boolean"}},
+    "required": ["answer", "confidence"],
+}
+MODES = {
+    "auto": {},
+    "required": {"tool_choice": "required"},
+    "named": {"tool_choice": {"type": "function", "function": {"name": "search"}}},
+    "allowed": {"tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "get_time"}}]}}},
+    "none": {"tool_choice": "none"},
+    "auto_single": {"parallel_tool_calls": False},
+    "required_single": {"tool_choice": "required", "parallel_tool_calls": False},
+}
+RESPONSE_FORMATS = {
+    "text": None,
+    "json_object": {"type": "json_object"},
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+}
+
+
+def make_request(mode: str = "auto", response_format: str = "text", reasoning: bool = True, tools=True):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **MODES[mode]}
+    if tools:
+        body["tools"] = TOOLS
+    if RESPONSE_FORMATS[response_format]:
+        body["response_format"] = RESPONSE_FORMATS[response_format]
+    if not reasoning:
+        body["reasoning_effort"] = "none"
+    return chat_constraint_request_from_openai(body)
+
+
+# -- the walk ---------------------------------------------------------------------------------------
+
+
+def _bit(row: np.ndarray, i: int) -> bool:
+    return bool((int(row[i >> 5]) >> (i & 31)) & 1)
+
+
+def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Generator, max_steps: int):
+    """Returns (token ids, finished) where finished means terminated or an end-of-turn token."""
+    n = vocab.engine.vocab_size
+    row = np.zeros((n + 31) // 32, dtype=np.int32)
+    closers = vocab.closers()
+    ids: list[int] = []
+    queue: list[int] = []
+    while len(ids) < max_steps:
+        if constraint.is_terminated():
+            return ids, True
+        constraint.fill_mask(row)
+        if queue and _bit(row, queue[0]):
+            token = queue.pop(0)
+        else:
+            queue = []
+            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:n])
+            assert allowed.size, f"empty mask after {vocab.decode(ids)!r}"
+            r = rng.random()
+            starts = [m for m in markers if _bit(row, m[0])] if r < P_MARKER else []
+            close = allowed[closers[allowed]] if P_MARKER <= r < P_MARKER + P_CLOSE else allowed[:0]
+            if starts:
+                queue = list(starts[rng.integers(len(starts))])
+                token = queue.pop(0)
+            elif close.size:
+                token = int(close[rng.integers(close.size)])
+            else:
+                token = int(allowed[rng.integers(allowed.size)])
+        assert constraint.accept(token), f"accepted token {token} rejected after {vocab.decode(ids)!r}"
+        ids.append(token)
+        if token in vocab.stops:
+            return ids, True
+    return ids, False
+
+
+def marker_sequences(vocab: Vocab, spec) -> list[list[int]]:
+    found = [spec.tool_start, spec.tool_end, spec.reasoning_end, *spec.stop_markers]
+    if spec.kind == "harmony":
+        found += ["<|start|>assistant", "<|channel|>final<|message|>"]
+    seqs = [vocab.encode(m) for m in dict.fromkeys(m for m in found if m)]
+    return [s for s in seqs if s] + [[t] for t in vocab.stops]
+
+
+def output_text(vocab: Vocab, ids: list[int]) -> str:
+    """The generated text as the parser sees it: xgrammar's stop tokens are not text."""
+    xgr_stops = set(vocab.engine.xgr_stop_token_ids)
+    return vocab.decode([i for i in ids if i not in xgr_stops])
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False)

@@ -1,0 +1,109 @@
+"""Grammar–parser agreement by seeded random walks (see `support.walk` for the stated bias).
+
+For each format x tool_choice mode x response_format (x reasoning on/off where the format reasons),
+every walk's text must parse with `chat_parse` into calls whose names satisfy the mode and whose
+arguments validate against the tool's schema, and into JSON content that validates under
+json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4; the
+acceptance run uses 200).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+import numpy as np
+import pytest
+
+from jaxchat.chat import ChatParseOptions, chat_format_make, chat_format_prefill, chat_parse
+from jaxchat.constrain import chat_structural_tag
+from tests.constrain.support import SCHEMA, TOOLS, make_request, marker_sequences, output_text, walk
+
+WALKS = int(os.environ.get("JAXCHAT_WALKS", "4"))
+MAX_STEPS = 400
+
+# (format kind, reasoning known, vocabulary)
+FORMATS = [
+    ("hermes_json", False, "qwen25"),
+    ("hermes_json", True, "qwen3"),
+    ("qwen_xml", True, "qwen3"),
+    ("lfm2", False, "qwen25"),
+    ("lfm2", True, "qwen3"),
+    ("gemma4", True, "qwen25"),
+    ("harmony", True, "harmony"),
+    ("plain", False, "qwen25"),
+]
+COMBOS = [
+    (mode, rf)
+    for mode in ("auto", "required", "named", "allowed", "none", "auto_single", "required_single")
+    for rf in ("text", "json_object", "json_schema")
+    if rf == "text" or mode in ("auto", "none")
+]
+
+
+def _cases():
+    for kind, reasoning, vocab in FORMATS:
+        for mode, rf in COMBOS:
+            for think in ((True, False) if reasoning else (True,)):
+                if kind == "plain" and mode not in ("none", "auto"):
+                    continue
+                yield pytest.param(kind, reasoning, vocab, mode, rf, think, id=f"{kind}-{vocab}-{mode}-{rf}-think{int(think)}")
+
+
+def check(spec, request, text: str, finished: bool) -> list[str]:
+    """Problems with one walk's output; [] when it agrees with the request."""
+    parse_calls = request.tool_choice != "none" and bool(request.tools) and spec.has_tools
+    msg = chat_parse(spec, text, not finished, ChatParseOptions(parse_tool_calls=parse_calls, tools=request.tools))
+    problems = []
+    calls = msg.tool_calls
+    allowed = {t["function"]["name"]: t["function"]["parameters"] for t in request.callable_tools}
+    if not spec.has_tools:
+        allowed = {}
+    if not finished:
+        return [f"walk did not finish in {MAX_STEPS} steps"]
+    if request.tool_choice == "required" and allowed and not calls:
+        problems.append("no tool call under required")
+    if not request.parallel_tool_calls and len(calls) > 1:
+        problems.append(f"{len(calls)} calls under parallel_tool_calls=false")
+    for call in calls:
+        if call.name not in allowed:
+            problems.append(f"call of {call.name!r} not allowed")
+            continue
+        try:
+            jsonschema.validate(json.loads(call.arguments), allowed[call.name])
+        except (ValueError, jsonschema.ValidationError) as e:
+            problems.append(f"arguments of {call.name} {call.arguments!r}: {str(e)[:200]}")
+    if request.response_format != "text" and not calls:
+        schema = SCHEMA if request.response_format == "json_schema" else {"type": "object"}
+        try:
+            jsonschema.validate(json.loads(msg.content), schema)
+        except (ValueError, jsonschema.ValidationError) as e:
+            problems.append(f"content {msg.content!r}: {str(e)[:200]}")
+    return problems
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,reasoning,vocab_name,mode,rf,think", list(_cases()))
+def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, think):
+    spec = chat_format_make(kind, reasoning=reasoning)
+    request = make_request(mode, rf, reasoning=think, tools=kind != "plain" or mode != "none")
+    if kind == "plain" and mode == "auto":
+        request = make_request("none", rf, reasoning=think)
+    if chat_structural_tag(spec, request) is None:
+        pytest.skip("nothing to constrain")
+    v = vocab(vocab_name)
+    prefill = "assistant" if kind == "harmony" else chat_format_prefill(spec, "<|im_start|>assistant\n")
+    markers = marker_sequences(v, spec)
+    failures = []
+    seed = hash((kind, reasoning, mode, rf, think)) & 0xFFFF
+    for i in range(WALKS):
+        constraint = v.engine.make(spec, request, prefill)
+        ids, finished = walk(v, constraint, markers, np.random.default_rng(seed + i), MAX_STEPS)
+        assert not constraint.disabled, constraint.given_up_reason
+        text = output_text(v, ids)
+        full = ("" if kind == "harmony" else prefill) + text
+        problems = check(spec, request, full, finished)
+        if problems:
+            failures.append((i, full, problems))
+    assert not failures, "\n".join(f"walk {i}: {p}\n  text={t!r}" for i, t, p in failures[:5])

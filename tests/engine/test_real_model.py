@@ -1,0 +1,133 @@
+"""The engine on real model code: a tiny random Qwen2 checkpoint (transformers `save_pretrained` ->
+`load_model`), sharded over 8 fake CPU devices, and one slow test on SmolLM2-135M from its GGUF."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxchat.engine.types import GenerationRequest, SamplingParams
+from tests.engine.helpers import byte_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_checkpoint(path: Path, heads: int = 8, kv_heads: int = 8) -> Path:
+    import torch
+    import transformers
+
+    cfg = transformers.Qwen2Config(vocab_size=264, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   max_position_embeddings=256, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return path
+
+
+def run_plan(engine, plan):
+    """Drive the scheduler by hand; plan = {step: [("submit", req) | ("abort", id)]}; returns {id: token ids}."""
+    got: dict[str, list] = {}
+    step, sched = 0, engine.scheduler
+    while sched.has_work() or any(k >= step for k in plan):
+        for action, arg in plan.get(step, []):
+            if action == "submit":
+                got[arg.request_id] = []
+                sched.submit(arg, got[arg.request_id].append)
+            else:
+                sched.abort(arg)
+        sched.step()
+        step += 1
+    return {k: [t for o in v for t in o.token_ids] for k, v in got.items()}
+
+
+def greedy(rid, prompt, n):
+    return GenerationRequest(list(prompt), SamplingParams(max_tokens=n, ignore_eos=True), None, rid)
+
+
+def isolation_plan(prompt, n):
+    return {
+        0: [("submit", greedy("a", [5, 6, 7], 4)), ("submit", greedy("b", range(20, 45), 30))],
+        2: [("submit", greedy("p", prompt, n))],
+        4: [("submit", greedy("c", [9] * 11, 6))],
+        6: [("abort", "b"), ("submit", greedy("d", [3, 1, 4, 1, 5], 12))],
+    }
+
+
+def test_tiny_qwen2_isolation_and_transformers_parity(tmp_path):
+    import torch
+    import transformers
+
+    from jaxchat.engine.engine import Engine
+    from jaxchat.models import load_model
+
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    prompt = [11, 12, 13, 14, 15, 16, 17]
+    engine = Engine(load_model(ckpt, "float32", None), max_batch=4, max_context=32, start=False)
+    alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 20))]})["p"]
+    mixed = run_plan(engine, isolation_plan(prompt, 20))
+    assert mixed["p"] == alone
+    ref = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                            suppress_tokens=[263])[0, len(prompt):].tolist()
+    assert alone == want
+    assert engine.stats()["compiles_after_warmup"] == 0
+
+
+SHARDED = textwrap.dedent("""
+    import json, sys
+    import jax
+    from jaxchat.engine.engine import Engine
+    from jaxchat.engine.step import make_mesh
+    from jaxchat.models import load_model
+    from tests.engine.test_real_model import isolation_plan, run_plan
+    assert len(jax.devices()) == 8, jax.devices()
+    out = {}
+    for name, devs in (("one", jax.devices()[:1]), ("eight", jax.devices())):
+        mesh = make_mesh(devs)
+        e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=32, mesh=mesh, start=False)
+        out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
+        out[name + "_cache_spec"] = str(e.runner.state.cache_k.sharding.spec)
+    print(json.dumps(out))
+""")
+
+
+def test_sharded_over_8_cpu_devices_equals_unsharded(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SHARDED, str(ckpt)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["one"] == out["eight"]
+    assert "tp" in out["eight_cache_spec"]
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_batch_isolation():
+    from jaxchat.assets import AssetError, asset_path
+    from jaxchat.engine.engine import Engine
+    from jaxchat.models import load_model
+
+    try:
+        path = asset_path("smollm2-135m-instruct-q4_1.gguf")
+    except AssetError as e:
+        pytest.skip(str(e))
+    model = load_model(path, "float32", None)
+    prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                                 add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    engine = Engine(model, max_batch=4, max_context=128, start=False, length_buckets=(64, 128))
+    alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
+    mixed = run_plan(engine, isolation_plan(prompt, 16))
+    assert mixed["p"] == alone
+    assert engine.stats()["compiles_after_warmup"] == 0

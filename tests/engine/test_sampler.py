@@ -1,0 +1,130 @@
+"""The jitted masked sampler: never emits a disallowed token, for any masks and sampling parameters."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxchat.engine.compiles import compile_count
+from jaxchat.engine.sampler import SamplingArrays, sample, unpack_bitmask
+
+B, V, VALID = 4, 100, 97  # ids 97..99 are vocabulary padding
+W = (V + 31) // 32
+
+_masked = jax.jit(lambda lg, bm, c, pm, sp: sample(lg, bm, c, pm, sp, VALID))
+_unmasked = jax.jit(lambda lg, c, pm, sp: sample(lg, None, c, pm, sp, VALID))
+
+
+def _pack(allowed: np.ndarray) -> np.ndarray:
+    padded = np.zeros((allowed.shape[0], W * 32), bool)
+    padded[:, : allowed.shape[1]] = allowed
+    words = (padded.reshape(allowed.shape[0], W, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(-1)
+    return words.astype(np.uint32).view(np.int32)
+
+
+def _params(draw_f, rows: int) -> SamplingArrays:
+    sp = SamplingArrays.numpy(rows)
+    return sp._replace(**{k: np.asarray(v, dtype=getattr(sp, k).dtype) for k, v in draw_f.items()})
+
+
+row_params = st.fixed_dictionaries({
+    "temperature": st.sampled_from([0.0, 0.3, 1.0, 2.5]),
+    "top_p": st.sampled_from([1.0, 0.9, 0.5, 0.01]),
+    "top_k": st.sampled_from([0, 1, 3, 50]),
+    "min_p": st.sampled_from([0.0, 0.05, 0.5]),
+    "presence": st.sampled_from([0.0, 1.5, -1.0]),
+    "frequency": st.sampled_from([0.0, 0.7]),
+    "repetition": st.sampled_from([1.0, 1.3, 0.8]),
+    "seed": st.integers(0, 2**32 - 1),
+    "step": st.integers(0, 1000),
+    "logprobs": st.booleans(),
+})
+
+
+def test_unpack_bitmask_matches_pack():
+    r = np.random.default_rng(0)
+    allowed = r.random((B, V)) < 0.3
+    got = np.asarray(unpack_bitmask(_pack(allowed), V, VALID))
+    assert (got == (allowed & (np.arange(V) < VALID))).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(row_params, min_size=B, max_size=B),
+    density=st.lists(st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0]), min_size=B, max_size=B),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_never_emits_a_disallowed_token(rows, density, seed):
+    r = np.random.default_rng(seed)
+    allowed = r.random((B, V)) < np.asarray(density)[:, None]
+    allowed[np.arange(B), r.integers(0, VALID, B)] = True  # every row allows something
+    logits = (r.normal(size=(B, V)) * 5).astype(np.float32)
+    counts = r.integers(0, 3, (B, V)).astype(np.int32)
+    pmask = r.random((B, V)) < 0.2
+    sp = _params({k: [row[k] for row in rows] for k in rows[0]}, B)
+    out = _masked(logits, _pack(allowed), counts, pmask, sp)
+    toks = np.asarray(out.tokens)
+    assert (toks < VALID).all()
+    assert allowed[np.arange(B), toks].all(), (toks, rows)
+    # an all-ones mask is exactly the unmasked sampler
+    ones = np.full((B, W), -1, np.int32)
+    a = _masked(logits, ones, counts, pmask, sp)
+    b = _unmasked(logits, counts, pmask, sp)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_greedy_is_argmax_and_nan_row_falls_back_to_an_allowed_token():
+    r = np.random.default_rng(1)
+    logits = r.normal(size=(B, V)).astype(np.float32)
+    logits[1] = np.nan
+    logits[2, 5] = np.nan  # one NaN entry, allowed
+    allowed = np.zeros((B, V), bool)
+    allowed[:, [5, 7, 11]] = True
+    allowed[0] = True
+    sp = SamplingArrays.numpy(B)
+    zeros, nomask = np.zeros((B, V), np.int32), np.zeros((B, V), bool)
+    toks = np.asarray(_masked(logits, _pack(allowed), zeros, nomask, sp).tokens)
+    assert toks[0] == np.argmax(logits[0, :VALID])
+    assert toks[1] in (5, 7, 11)
+    assert toks[2] in (5, 7, 11)
+    assert toks[3] == [5, 7, 11][int(np.argmax(logits[3, [5, 7, 11]]))]
+    sp = sp._replace(temperature=np.full(B, 1.0, np.float32))
+    toks = np.asarray(_masked(logits, _pack(allowed), zeros, nomask, sp).tokens)
+    assert allowed[np.arange(B), toks].all()
+
+
+def test_seeded_sampling_is_reproducible_and_params_do_not_recompile():
+    r = np.random.default_rng(2)
+    logits = np.tile(r.normal(size=(1, V)).astype(np.float32) * 3, (B, 1))
+    zeros, nomask, ones = np.zeros((B, V), np.int32), np.zeros((B, V), bool), np.full((B, W), -1, np.int32)
+    sp = SamplingArrays.numpy(B)._replace(temperature=np.full(B, 1.0, np.float32), seed=np.full(B, 7, np.uint32))
+    _masked(logits, ones, zeros, nomask, sp)
+    before = compile_count()
+    a = np.asarray(_masked(logits, ones, zeros, nomask, sp).tokens)
+    assert (a == a[0]).all()  # same seed, same step, same logits: same draw in every row
+    b = np.asarray(_masked(logits, ones, zeros, nomask, sp._replace(step=np.arange(B, dtype=np.int32))).tokens)
+    assert b[0] == a[0]
+    for t in (0.0, 0.5):
+        _masked(logits, ones, zeros, nomask, sp._replace(temperature=np.full(B, t, np.float32),
+                                                         top_k=np.full(B, 3, np.int32)))
+    assert compile_count() == before
+
+
+def test_penalties():
+    logits = np.zeros((1, V), np.float32)
+    logits[0, 3], logits[0, 4] = 2.0, 1.9
+    counts = np.zeros((1, V), np.int32)
+    counts[0, 3] = 1
+    ones, nomask = np.full((1, W), -1, np.int32), np.zeros((1, V), bool)
+    sp = SamplingArrays.numpy(1)
+    assert int(_masked(logits, ones, counts, nomask, sp).tokens[0]) == 3
+    for field, val in (("presence", 0.5), ("frequency", 0.5), ("repetition", 1.2)):
+        sp2 = sp._replace(**{field: np.full(1, val, np.float32)})
+        assert int(_masked(logits, ones, counts, nomask, sp2).tokens[0]) == 4, field
+    pm = nomask.copy()
+    pm[0, 3] = True
+    sp2 = sp._replace(repetition=np.full(1, 1.2, np.float32))
+    assert int(_masked(logits, ones, np.zeros_like(counts), pm, sp2).tokens[0]) == 4

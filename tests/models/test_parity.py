@@ -1,0 +1,92 @@
+"""Logit parity with transformers on tiny random checkpoints, full forward and through the cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from jaxchat.models import empty_cache, load_model
+
+from .conftest import FAMILIES, build_tiny
+
+TOL = 1e-4
+
+
+def reference_logits(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dirs):
+    return {fam: load_model(d) for fam, (d, _) in tiny_dirs.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_forward_and_incremental_match_transformers(family, tiny_dirs, loaded):
+    _, ref_model = tiny_dirs[family]
+    lm = loaded[family]
+    assert lm.config.family == family
+    ids = np.random.default_rng(1).integers(0, 256, (1, 32))
+    ref = reference_logits(ref_model, ids)
+    fwd = jax.jit(lm.forward)
+    toks = jnp.asarray(ids, jnp.int32)
+    pos = jnp.arange(32, dtype=jnp.int32)[None]
+    ck, cv = empty_cache(lm.config, 1, 40, jnp.float32)
+    logits, _, _ = fwd(lm.params, toks, pos, ck, cv)
+    assert logits.dtype == jnp.float32 and logits.shape == (1, 32, 256)
+    assert np.abs(np.asarray(logits) - ref).max() <= TOL
+    # prefill 20 tokens, then decode 12 one at a time through the cache
+    out, (ck, cv) = [], (ck * 0, cv * 0)
+    logits, ck, cv = fwd(lm.params, toks[:, :20], pos[:, :20], ck, cv)
+    out.append(np.asarray(logits))
+    for t in range(20, 32):
+        logits, ck, cv = fwd(lm.params, toks[:, t:t + 1], pos[:, t:t + 1], ck, cv)
+        out.append(np.asarray(logits))
+    assert np.abs(np.concatenate(out, axis=1) - ref).max() <= TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_batch_rows_with_padding_are_independent(family, tiny_dirs, loaded):
+    """Two rows of different lengths (padding = -1) in one batch equal each row run alone."""
+    _, ref_model = tiny_dirs[family]
+    lm = loaded[family]
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(0, 256, 13), rng.integers(0, 256, 9)
+    toks = np.zeros((2, 16), np.int32)
+    pos = -np.ones((2, 16), np.int32)
+    toks[0, :13], pos[0, :13] = a, np.arange(13)
+    toks[1, 3:12], pos[1, 3:12] = b, np.arange(9)  # padding on both sides
+    ck, cv = empty_cache(lm.config, 2, 24, jnp.float32)
+    ck, cv = ck + 7.0, cv - 3.0  # stale garbage must never be attended to
+    logits, ck, cv = jax.jit(lm.forward)(lm.params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
+    logits = np.asarray(logits)
+    assert np.abs(logits[0, :13] - reference_logits(ref_model, a[None])[0]).max() <= TOL
+    assert np.abs(logits[1, 3:12] - reference_logits(ref_model, b[None])[0]).max() <= TOL
+    # one decode step for both rows at different positions
+    nxt = np.array([[5], [6]], np.int32)
+    step, _, _ = lm.forward(lm.params, jnp.asarray(nxt), jnp.asarray([[13], [9]], jnp.int32), ck, cv)
+    ra = reference_logits(ref_model, np.concatenate([a, [5]])[None])[0, -1]
+    rb = reference_logits(ref_model, np.concatenate([b, [6]])[None])[0, -1]
+    assert np.abs(np.asarray(step)[0, 0] - ra).max() <= TOL
+    assert np.abs(np.asarray(step)[1, 0] - rb).max() <= TOL
+
+
+def test_bf16_sharded_checkpoint_loads(tmp_path):
+    """A bf16 checkpoint split into shards (model.safetensors.index.json) loads in bf16 and fp32."""
+    ref_model = build_tiny("qwen3", tmp_path, dtype="bfloat16", max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ids = np.arange(12)[None] * 7 % 256
+    ref = reference_logits(ref_model.float(), ids)
+    for dtype, tol in (("float32", TOL), ("bfloat16", 0.1)):
+        lm = load_model(tmp_path, dtype=dtype)
+        assert jax.tree.leaves(lm.params)[0].dtype == jnp.dtype(dtype)
+        ck, cv = lm.empty_cache(1, 16)
+        assert ck.dtype == jnp.dtype(dtype)
+        logits, _, _ = lm.forward(lm.params, jnp.asarray(ids, jnp.int32), jnp.arange(12, dtype=jnp.int32)[None],
+                                  ck, cv)
+        assert logits.dtype == jnp.float32
+        assert np.abs(np.asarray(logits) - ref).max() <= tol
