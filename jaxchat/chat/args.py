@@ -14,7 +14,7 @@ a reported name never changes and `arguments` for `b` is a prefix of `arguments`
 A complete call without arguments has `arguments == "{}"`. Malformed text, or incomplete text
 when `partial=False`, raises `ArgumentSyntaxError` naming the problem and its offset.
 Single-call parsers report `end` and leave any text after the call to the caller.
-The value lexer shared by all dialects lives in `args_core.py`.
+One value converter (`args_core.py`, over the lexer in `args_lexer.py`) serves every dialect.
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ def _read_value(converter: ValueConverter, pos: int, types: frozenset[str]) -> i
 
 
 def _strip_one_newline(value: str) -> str:
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
+    value = value.removeprefix("\n")
+    return value.removesuffix("\n")
 
 
 def _streams_as_string(types: frozenset[str]) -> bool:
@@ -119,7 +119,7 @@ def _streams_as_container(types: frozenset[str], value: str) -> bool:
 def _partial_value_json(visible: str, types: frozenset[str], pos: int) -> str:
     """What is certain about a value whose `</parameter>` has not arrived (already held back)."""
     if _streams_as_string(types):
-        return json_quote(visible[1:] if visible.startswith("\n") else visible)[:-1]
+        return json_quote(visible.removeprefix("\n"))[:-1]
     if _streams_as_container(types, visible):
         arguments, complete, end = convert_value(visible, RELAXED, partial=True, base=pos)
         if complete and visible[end:].strip():

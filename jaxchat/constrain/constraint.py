@@ -38,7 +38,7 @@ class GrammarConstraint:
 
     def __init__(self, compiled, *, vocab_size: int, role: str = "", reasoning_start: str = "",
                  reasoning_compiled=None, text_stop_ids=(), stop_token_ids=None, guard_ids=(),
-                 late_guard_ids=(), canary_id=None):
+                 late_guard_ids=(), canary_id=None, opener_ids=(), end_ids=()):
         self._compiled = compiled
         self._reasoning_compiled = reasoning_compiled  # the grammar to switch to, or None
         self._stops = stop_token_ids
@@ -57,6 +57,8 @@ class GrammarConstraint:
         self.guard_ids = tuple(guard_ids)
         self.late_guard_ids = tuple(late_guard_ids)
         self.canary_id = canary_id
+        self.opener_ids = tuple(opener_ids)  # the tool opener: free text may contain it, strings not
+        self.end_ids = tuple(end_ids)  # end-of-turn tokens: allowed where free text may end
 
     def _new_matcher(self, compiled):
         if self._stops is None:
@@ -98,17 +100,19 @@ class GrammarConstraint:
         self._matcher.fill_next_token_bitmask(view)
         if row.shape[0] > self.words:
             row[self.words:] = 0
-        if self.canary_id is not None and (self.guard_ids or self.late_guard_ids):
+        if self.canary_id is not None and (self.guard_ids or self.late_guard_ids or self.opener_ids):
             self._guard(row.view(np.uint32))
 
     def _guard(self, bits: np.ndarray) -> None:
         """Marker guard: where plain text is allowed (the canary token is), a marker token could only
-        be text inside a string or free text, so it is masked out (see tags.guarded_markers)."""
+        be text inside a string or free text, so it is masked out (see tags.guarded_markers). The
+        tool opener stays allowed in free text, recognised by the turn being able to end there."""
         c = self.canary_id
         if c is None or not (bits[c >> 5] >> np.uint32(c & 31)) & 1:
             return
         late = self.late_guard_ids if (self.history or self.prefill) else ()
-        for t in (*self.guard_ids, *late):
+        in_string = not any((bits[e >> 5] >> np.uint32(e & 31)) & 1 for e in self.end_ids)
+        for t in (*self.guard_ids, *late, *(self.opener_ids if in_string else ())):
             bits[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
 
     def accept(self, token: int) -> bool:

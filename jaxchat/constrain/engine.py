@@ -121,9 +121,12 @@ class GrammarEngine:
             reasoning_compiled=reasoning,
             text_stop_ids=as_text,
             stop_token_ids=stops or None,
-            guard_ids=tuple(i for i in guards.values() if i is not None and i not in as_text),
+            guard_ids=tuple(i for i in guards.values() if i is not None and i not in as_text
+                            and i not in self.xgr_stop_token_ids),
             late_guard_ids=() if late is None else (late,),
             canary_id=self.token_id("a"),
+            opener_ids=tuple(i for i in (self.token_id(spec.tool_start),) if i is not None),
+            end_ids=stops or self.xgr_stop_token_ids,
         )
 
     def make(self, spec: ChatFormatSpec, request: ConstraintRequest, prefill: str = "",

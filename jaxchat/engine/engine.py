@@ -102,7 +102,7 @@ class Engine:
             self._thread.join(timeout=30)
         self._thread = None
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Engine:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:

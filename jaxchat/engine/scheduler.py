@@ -126,7 +126,8 @@ class Scheduler:
                 raise ValueError("prompt_ids is empty")
             if n >= r.max_context:
                 raise ValueError(f"prompt_ids: {n} tokens leave no room in the context of {r.max_context}")
-            seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids)
+            if self.tokenizer is not None:  # without a tokenizer (random-weight benchmarks) there is no text
+                seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids)
             seq.stops = StopStringMatcher(req.sampling.stop)
             slot = self.n_active
             self._set_sampling(slot, req)
@@ -205,7 +206,7 @@ class Scheduler:
             raise RuntimeError(f"constraint rejected token {tok}")
         if tok in seq.stop_ids:
             return self._flush(seq), "stop", tok
-        text, stop = seq.stops.push(seq.detok.add(tok))
+        text, stop = seq.stops.push(seq.detok.add(tok) if seq.detok is not None else "")
         if stop is not None:
             return text, "stop", stop
         if c is not None and c.is_terminated():
@@ -218,7 +219,7 @@ class Scheduler:
 
     @staticmethod
     def _flush(seq: _Seq) -> str:
-        text, stop = seq.stops.push(seq.detok.flush())
+        text, stop = seq.stops.push(seq.detok.flush() if seq.detok is not None else "")
         return text if stop is not None else text + seq.stops.flush()
 
     def _finish(self, seq: _Seq, reason: str, *, stop_reason=None, error: str | None = None, text: str = "",

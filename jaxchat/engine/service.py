@@ -127,7 +127,7 @@ class ChatService:
     def _constraint(self, prepared: PreparedChat):
         if self.grammar is None:
             return None
-        return self.grammar.make_constraint(self.spec, prepared.request, prepared.prefill, tools_enabled=self.tools_enabled)
+        return self.grammar.make(self.spec, prepared.request, prepared.prefill, tools_enabled=self.tools_enabled)
 
     def _requests(self, prepared: PreparedChat) -> list[GenerationRequest]:
         out = []
@@ -269,3 +269,29 @@ class ChatService:
             "slots_busy": s["max_batch"] - s["free_slots"],
             "compiles": s["compile_count"],
         }
+
+
+def model_id_for(path) -> str:
+    """The name a model is served under: its file or directory name without quantisation suffixes."""
+    from pathlib import Path
+
+    name = Path(str(path)).name
+    for suffix in (".gguf", "-q4_k_m", "-q4_1", "-Q4_K_M", ".Q4_1"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "float32",
+                       constrained: bool = True, **engine_kwargs) -> ChatService:
+    """Load `model` (HF directory, GGUF file, orbax checkpoint; None = the default model), start an
+    engine and a grammar engine for it, and return the serving pipeline."""
+    from jaxchat.constrain import GrammarEngine
+    from jaxchat.engine.engine import Engine
+
+    if model is None:
+        from jaxchat.assets import DEFAULT_MODEL, asset_path
+
+        model = asset_path(DEFAULT_MODEL)
+    engine = Engine.from_path(str(model), dtype=dtype, max_batch=max_batch, max_context=max_context, **engine_kwargs)
+    grammar = GrammarEngine(engine.tokenizer, vocab_size=engine.model.config.vocab_size) if constrained else None
+    return ChatService(engine, model_id_for(model), grammar)

@@ -53,7 +53,7 @@ class IncrementalDetokenizer:
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self._ids)
-        return full_text[len(prefix_text) :] if full_text.startswith(prefix_text) else full_text
+        return full_text.removeprefix(prefix_text)
 
 
 class StopStringMatcher:

@@ -40,7 +40,7 @@ def read_safetensors(files: list[Path]) -> dict[str, Tensor]:
     tensors: dict[str, Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="np") as h:
-            for name in h:
+            for name in h.keys():  # noqa: SIM118 (safe_open is not iterable)
                 if name in tensors:
                     raise ModelLoadError(f"tensor {name!r} appears in more than one shard ({f.name})")
                 shape = tuple(h.get_slice(name).get_shape())

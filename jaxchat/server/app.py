@@ -56,17 +56,29 @@ class _Api:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if not header:
-            raise ApiError(401, "missing API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "missing API key: send it as 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         given = token.strip().encode("latin-1", "replace")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.key):
-            raise ApiError(401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+            )
 
     def check_model(self, body: dict) -> None:
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ApiError(400, "expected the model name as a string", param="model")
         if model is not None and model != self.service.model_id:
-            raise ApiError(404, f"The model {model[:200]!r} does not exist; this server serves {self.service.model_id!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model {model[:200]!r} does not exist; this server serves {self.service.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
         body["model"] = self.service.model_id
 
     def endpoint(self, handler: Callable[[Request, float], Awaitable[Response]], public: bool = False):
@@ -121,20 +133,28 @@ class _Api:
     # ---- routes ----------------------------------------------------------------------------------
     async def chat(self, request: Request, started: float) -> Response:
         svc = self.service
-        return await self.generate(request, started, validate_chat_body, svc.chat_completion, svc.chat_completion_stream)
+        return await self.generate(
+            request, started, validate_chat_body, svc.chat_completion, svc.chat_completion_stream
+        )
 
     async def completions(self, request: Request, started: float) -> Response:
         svc = self.service
         return await self.generate(request, started, validate_completion_body, svc.completion, svc.completion_stream)
 
     async def models(self, request: Request, started: float) -> Response:
-        card = {"id": self.service.model_id, "object": "model", "created": self.created, "owned_by": "jaxchat",
-                "max_model_len": getattr(self.service, "max_context", None)}
+        card = {
+            "id": self.service.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "jaxchat",
+            "max_model_len": getattr(self.service, "max_context", None),
+        }
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request, started: float) -> Response:
-        return JSONResponse({"status": "draining" if self.drain.draining else "ok"},
-                            status_code=503 if self.drain.draining else 200)
+        return JSONResponse(
+            {"status": "draining" if self.drain.draining else "ok"}, status_code=503 if self.drain.draining else 200
+        )
 
     async def prometheus(self, request: Request, started: float) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)

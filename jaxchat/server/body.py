@@ -14,6 +14,7 @@ import json
 
 from starlette.requests import ClientDisconnect, Request
 
+from jaxchat.chat.request_tools import got
 from jaxchat.server.errors import ApiError
 from jaxchat.server.limits import ServerLimits
 
@@ -76,7 +77,9 @@ def json_depth(value: object) -> int:
 async def read_json_object(request: Request, limits: ServerLimits) -> dict:
     content_type = request.headers.get("content-type")
     if not _content_type_is_json(content_type):
-        raise ApiError(400, f"Content-Type must be application/json, got {content_type[:80]!r}", code="invalid_content_type")
+        raise ApiError(
+            400, f"Content-Type must be application/json, got {content_type[:80]!r}", code="invalid_content_type"
+        )
     raw = await _read_bounded(request, limits.max_body_bytes)
     if not raw.strip():
         raise ApiError(400, "the request body is empty; send a JSON object")
@@ -87,13 +90,17 @@ async def read_json_object(request: Request, limits: ServerLimits) -> dict:
     try:
         body = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise ApiError(
+            400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except RecursionError:
-        raise ApiError(400, f"the request body is nested too deeply (the limit is {limits.max_json_depth} levels)") from None
+        raise ApiError(
+            400, f"the request body is nested too deeply (the limit is {limits.max_json_depth} levels)"
+        ) from None
     except ValueError as exc:  # NaN/Infinity, integers with too many digits
         raise ApiError(400, f"the request body is not valid JSON: {str(exc)[:120]}") from None
     if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__ if body is not None else 'null'}")
+        raise ApiError(400, f"the request body must be a JSON object, got {got(body)}")
     if json_depth(body) > limits.max_json_depth:
         raise ApiError(400, f"the request body is nested too deeply (the limit is {limits.max_json_depth} levels)")
     return body

@@ -42,12 +42,26 @@ class Metrics:
     def __init__(self, service) -> None:
         self.service = service
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("jaxchat_requests", "Requests answered, by route and HTTP status", ["route", "status"], registry=r)
+        self.requests = Counter(
+            "jaxchat_requests", "Requests answered, by route and HTTP status", ["route", "status"], registry=r
+        )
         self.prompt_tokens = Counter("jaxchat_prompt_tokens", "Prompt tokens processed", registry=r)
         self.completion_tokens = Counter("jaxchat_completion_tokens", "Completion tokens generated", registry=r)
-        self.ttft = Histogram("jaxchat_time_to_first_token_seconds", "Time to the first generated chunk", buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("jaxchat_time_per_output_token_seconds", "Time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
-        self.duration = Histogram("jaxchat_request_duration_seconds", "Request duration", ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "jaxchat_time_to_first_token_seconds",
+            "Time to the first generated chunk",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "jaxchat_time_per_output_token_seconds",
+            "Time per output token after the first",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "jaxchat_request_duration_seconds", "Request duration", ["route"], buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.disconnects = Counter("jaxchat_stream_disconnects", "Streams ended early by the client", registry=r)
         self.streams_active = Gauge("jaxchat_streams_active", "Open SSE streams", registry=r)
         self.occupancy = Gauge("jaxchat_batch_occupancy", "Busy batch slots / total slots", registry=r)

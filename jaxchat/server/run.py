@@ -34,19 +34,38 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def make_server(service, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                limits: ServerLimits | None = None, log_level: str = "info", app=None) -> uvicorn.Server:
+def make_server(
+    service,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+    log_level: str = "info",
+    app=None,
+) -> uvicorn.Server:
     limits = limits or ServerLimits()
     app = app if app is not None else create_app(service, api_key=api_key, limits=limits)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="off", access_log=log_level == "debug",
-        timeout_graceful_shutdown=limits.shutdown_grace_s + 5.0, server_header=False,
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
+        access_log=log_level == "debug",
+        timeout_graceful_shutdown=limits.shutdown_grace_s + 5.0,
+        server_header=False,
     )
     return _Server(config, app.state.drain, limits.shutdown_grace_s)
 
 
-def serve(service, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          limits: ServerLimits | None = None, log_level: str = "info") -> None:
+def serve(
+    service,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+    log_level: str = "info",
+) -> None:
     limits = limits or ServerLimits()
     server = make_server(service, host, port, api_key, limits, log_level)
     # uvicorn re-raises the signal it caught once it has shut down; with the default SIGTERM action

@@ -163,8 +163,14 @@ async def _next(iterator: AsyncIterator[dict]):
 class SSEStream:
     """ASGI response streaming a service iterator; `on_end(status, usage, timing)` reports to metrics."""
 
-    def __init__(self, iterator: AsyncIterator[dict], drain: Drain, include_usage: bool,
-                 on_end: Callable[[int, dict | None, float | None, float | None, int, bool], None], started: float):
+    def __init__(
+        self,
+        iterator: AsyncIterator[dict],
+        drain: Drain,
+        include_usage: bool,
+        on_end: Callable[[int, dict | None, float | None, float | None, int, bool], None],
+        started: float,
+    ):
         self.iterator = iterator
         self.drain = drain
         self.include_usage = include_usage

@@ -93,7 +93,9 @@ def _check_sampling(body: dict, limits: ServerLimits, max_context: int | None) -
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            raise RequestError("stream_options", f"expected an object like {{'include_usage': true}}, got {got(options)}")
+            raise RequestError(
+                "stream_options", f"expected an object like {{'include_usage': true}}, got {got(options)}"
+            )
         if not body.get("stream"):
             raise RequestError("stream_options", "stream_options is only allowed when stream is true")
         for key in ("include_usage", "continuous_usage_stats"):
@@ -152,7 +154,9 @@ def _check_content(content: object, param: str) -> None:
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         if not isinstance(part, dict):
-            raise RequestError(where, f"expected a content part object like {{'type': 'text', 'text': '...'}}, got {got(part)}")
+            raise RequestError(
+                where, f"expected a content part object like {{'type': 'text', 'text': '...'}}, got {got(part)}"
+            )
         if part.get("type") != "text":
             raise RequestError(f"{where}.type", f"only 'text' content parts are supported, got {got(part.get('type'))}")
         if not isinstance(part.get("text"), str):

@@ -119,10 +119,10 @@ HERMES_EXAMPLES = [
     ('{"arguments": {"q": "x"}, "name": "search"}', "search", '{"q": "x"}'),
     ('{"name": "f", "parameters": {"a": -1.5e3, "b": false, "c": null, "d": true, "e": -0}}', "f",
      '{"a": -1500.0, "b": false, "c": null, "d": true, "e": 0}'),
-    ('{"name": "f", "arguments": {"city": "Zürich", "emoji": "😀", "cjk": "北京",'
-     ' "esc": "q\\"uote\\nline\\u00e9\\ud83d\\ude00 \\/ \\\\"}}', "f",
-     '{"city": "Z\\u00fcrich", "emoji": "\\ud83d\\ude00", "cjk": "\\u5317\\u4eac",'
-     ' "esc": "q\\"uote\\nline\\u00e9\\ud83d\\ude00 / \\\\"}'),
+    (('{"name": "f", "arguments": {"city": "Zürich", "emoji": "😀", "cjk": "北京",'
+      ' "esc": "q\\"uote\\nline\\u00e9\\ud83d\\ude00 \\/ \\\\"}}'), "f",
+     ('{"city": "Z\\u00fcrich", "emoji": "\\ud83d\\ude00", "cjk": "\\u5317\\u4eac",'
+      ' "esc": "q\\"uote\\nline\\u00e9\\ud83d\\ude00 / \\\\"}')),
     ('{"name": "f", "arguments": {"a": {"b": [1, {"c": [[], {}]}]}, "n": [0.5, -2, 1E+2]}}', "f",
      '{"a": {"b": [1, {"c": [[], {}]}]}, "n": [0.5, -2, 100.0]}'),
     ('{"id": "call_1", "name": "f", "arguments": {"a": 1}, "extra": [1, {"x": null}]}', "f", '{"a": 1}'),
@@ -380,6 +380,18 @@ def gemma_literal(value: object) -> str:
     return json.dumps(value)
 
 
+def strings_in(value: object):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_in(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings_in(item)
+
+
 def gemma_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else gemma_literal(key)
 
@@ -387,10 +399,8 @@ def gemma_key(key: str) -> str:
 @PROPERTY_SETTINGS
 @given(IDENTIFIERS, ARGUMENTS)
 def test_property_gemma(name, arguments):
+    assume(not any(GEMMA_QUOTE in text for text in strings_in(arguments)))  # unrepresentable in Gemma
     body = f"call:{name}{gemma_literal(arguments)}"
-    assume(body.count(GEMMA_QUOTE) == 2 * len(re.findall(re.escape(GEMMA_QUOTE) + ".*?" + re.escape(GEMMA_QUOTE),
-                                                          body, re.S)))
-    assume(GEMMA_QUOTE not in dumps(arguments))
     final = assert_prefix_stable(parse_gemma4_call, body)
     assert final.name == name
     assert_same_value(final.arguments, arguments)

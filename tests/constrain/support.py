@@ -3,7 +3,7 @@
 The walk picks a uniformly random allowed token each step until the grammar terminates, the model
 would stop (an end-of-turn token), or `max_steps`. Stated bias towards termination: with
 probability `P_MARKER` a step emits a whole format marker (tool opener, tool end, reasoning end,
-an end-of-turn token) if the grammar allows its first token, and with probability `P_CLOSE` it
+an end-of-turn token, chosen half the time when allowed) if the grammar allows its first token, and with probability `P_CLOSE` it
 picks uniformly among the allowed tokens made only of closing punctuation (`"}]),` and spaces).
 Without it free text would run for ~10^5 tokens before an end-of-turn token came up.
 """
@@ -18,8 +18,8 @@ import numpy as np
 from jaxchat.chat import chat_constraint_request_from_openai
 from jaxchat.constrain import GrammarEngine
 
-P_MARKER = 0.08
-P_CLOSE = 0.12
+P_MARKER = 0.12
+P_CLOSE = 0.2
 _CLOSERS = set('"}]), \n')
 
 
@@ -45,6 +45,10 @@ class Vocab:
         engine = GrammarEngine(enc, stop_token_ids=list(ids))
         tb = [bytes(b) for b in engine.tokenizer_info.decoded_vocab]
         return Vocab(engine, enc.encode_with_special_tokens, tb, ids)
+
+    @property
+    def canary(self) -> int:
+        return self.encode(" the")[0]
 
     def decode(self, ids) -> str:
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", "replace")
@@ -141,8 +145,11 @@ def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Gene
             allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:n])
             assert allowed.size, f"empty mask after {vocab.decode(ids)!r}"
             r = rng.random()
-            starts = [m for m in markers if _bit(row, m[0])] if r < P_MARKER else []
+            starts = [m for m in markers if _bit(row, m[0]) and _structural(vocab, constraint, m)] if r < P_MARKER else []
             close = allowed[closers[allowed]] if P_MARKER <= r < P_MARKER + P_CLOSE else allowed[:0]
+            ends = [m for m in starts if m[0] in vocab.stops]
+            if ends and rng.random() < 0.5:
+                starts = ends
             if starts:
                 queue = list(starts[rng.integers(len(starts))])
                 token = queue.pop(0)
@@ -157,8 +164,21 @@ def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Gene
     return ids, False
 
 
+def _structural(vocab: Vocab, constraint, seq: list[int]) -> bool:
+    """A single-token marker is always structural (the marker guard keeps it out of strings); a
+    spelled-out one only when plain text cannot follow it (so not inside a string)."""
+    if len(seq) == 1:
+        return True
+    matcher = constraint.matcher.fork()
+    if not all(matcher.accept_token(t) for t in seq):
+        return False
+    row = np.zeros((vocab.engine.vocab_size + 31) // 32, dtype=np.int32)
+    matcher.fill_next_token_bitmask(row.reshape(1, -1))
+    return not _bit(row, vocab.canary)
+
+
 def marker_sequences(vocab: Vocab, spec) -> list[list[int]]:
-    found = [spec.tool_start, spec.tool_end, spec.reasoning_end, *spec.stop_markers]
+    found = [spec.tool_start, spec.tool_end, spec.reasoning_end]
     if spec.kind == "harmony":
         found += ["<|start|>assistant", "<|channel|>final<|message|>"]
     seqs = [vocab.encode(m) for m in dict.fromkeys(m for m in found if m)]

@@ -75,10 +75,10 @@ def test_no_recompiles_after_warmup(engine):
     rng = np.random.default_rng(0)
     plan = {}
     for i in range(14):
-        kw = dict(max_tokens=int(rng.integers(1, 12)), temperature=float(rng.choice([0, 0.7, 1.3])),
-                  top_k=int(rng.choice([0, 5])), top_p=float(rng.choice([1.0, 0.9])),
-                  min_p=float(rng.choice([0, 0.1])), repetition_penalty=float(rng.choice([1.0, 1.2])),
-                  frequency_penalty=float(rng.choice([0, 0.5])), logprobs=[None, 0, 5][i % 3], seed=i)
+        kw = {"max_tokens": int(rng.integers(1, 12)), "temperature": float(rng.choice([0, 0.7, 1.3])),
+                  "top_k": int(rng.choice([0, 5])), "top_p": float(rng.choice([1.0, 0.9])),
+                  "min_p": float(rng.choice([0, 0.1])), "repetition_penalty": float(rng.choice([1.0, 1.2])),
+                  "frequency_penalty": float(rng.choice([0, 0.5])), "logprobs": [None, 0, 5][i % 3], "seed": i}
         if i % 3 == 1:
             kw["constraint"] = ScriptedConstraint(rng.choice(256, size=20, replace=False))
         prompt = "".join(rng.choice(list("abcdefgh é")) for _ in range(int(rng.integers(1, 60))))

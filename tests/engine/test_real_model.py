@@ -104,7 +104,7 @@ def test_sharded_over_8_cpu_devices_equals_unsharded(tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SHARDED, str(ckpt)], env=env, cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", SHARDED, str(ckpt)], check=False, env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -123,9 +123,9 @@ def test_smollm2_gguf_batch_isolation():
     except AssetError as e:
         pytest.skip(str(e))
     model = load_model(path, "float32", None)
-    prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
-                                                 add_generation_prompt=True, tokenize=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    text = model.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                               add_generation_prompt=True, tokenize=False)
+    prompt = model.tokenizer.encode(text, add_special_tokens=False)
     engine = Engine(model, max_batch=4, max_context=128, start=False, length_buckets=(64, 128))
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Self
 
 import pytest
 from starlette.testclient import TestClient
@@ -28,7 +29,7 @@ class Live:
         self.server = make_server(service, port=self.port, log_level="warning", app=self.app, limits=limits)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def __enter__(self) -> Live:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:

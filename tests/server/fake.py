@@ -40,7 +40,9 @@ def schema_instance(schema: object, hint: str = "Paris") -> object:
         required = schema.get("required") or list(props)
         return {k: schema_instance(props.get(k, {"type": "string"}), hint) for k in required}
     if kind == "array":
-        return [schema_instance(schema.get("items", {"type": "string"}), hint) for _ in range(schema.get("minItems", 1))]
+        return [
+            schema_instance(schema.get("items", {"type": "string"}), hint) for _ in range(schema.get("minItems", 1))
+        ]
     if kind == "string":
         return hint
     if kind == "integer":
@@ -75,8 +77,14 @@ class FakeService:
 
     # ---- the protocol ----------------------------------------------------------------------------
     def stats(self) -> dict:
-        return {"running": len(self.active), "waiting": 0, "slots_total": 4, "slots_busy": len(self.active),
-                "compiles": 2, "max_context": self.max_context}
+        return {
+            "running": len(self.active),
+            "waiting": 0,
+            "slots_total": 4,
+            "slots_busy": len(self.active),
+            "compiles": 2,
+            "max_context": self.max_context,
+        }
 
     async def chat_completion(self, body: dict) -> dict:
         rid, plan = self._start(body)
@@ -84,8 +92,14 @@ class FakeService:
             await self._faults(plan["user"], streaming=False)
             choices = [self._choice(plan, i) for i in range(body.get("n", 1))]
             self._finish(rid)
-            return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_id,
-                    "choices": choices, "usage": self._usage(plan, body)}
+            return {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model_id,
+                "choices": choices,
+                "usage": self._usage(plan, body),
+            }
         finally:
             self._end(rid)
 
@@ -100,7 +114,14 @@ class FakeService:
             for i in range(body.get("n", 1)):
                 for delta, finish in self._deltas(plan):
                     if "FAIL_MIDSTREAM" in plan["user"] and delta.get("content"):
-                        yield {"error": {"message": "generation failed", "type": "server_error", "param": None, "code": None}}
+                        yield {
+                            "error": {
+                                "message": "generation failed",
+                                "type": "server_error",
+                                "param": None,
+                                "code": None,
+                            }
+                        }
                         return
                     yield {**base, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
                     if "SLOW" in plan["user"]:
@@ -118,10 +139,17 @@ class FakeService:
         try:
             await self._faults(text, streaming=False)
             self._finish(rid)
-            choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish} for i in range(body.get("n", 1))]
-            return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_id,
-                    "choices": choices, "usage": {"prompt_tokens": prompt_len, "completion_tokens": used,
-                                                  "total_tokens": prompt_len + used}}
+            choices = [
+                {"index": i, "text": text, "logprobs": None, "finish_reason": finish} for i in range(body.get("n", 1))
+            ]
+            return {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model_id,
+                "choices": choices,
+                "usage": {"prompt_tokens": prompt_len, "completion_tokens": used, "total_tokens": prompt_len + used},
+            }
         finally:
             self._end(rid)
 
@@ -131,12 +159,28 @@ class FakeService:
         try:
             pieces = _words(text) or [""]
             for j, piece in enumerate(pieces):
-                yield {**base, "choices": [{"index": 0, "text": piece, "logprobs": None,
-                                            "finish_reason": finish if j == len(pieces) - 1 else None}]}
+                yield {
+                    **base,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": piece,
+                            "logprobs": None,
+                            "finish_reason": finish if j == len(pieces) - 1 else None,
+                        }
+                    ],
+                }
                 await asyncio.sleep(0)
             if body.get("stream_options", {}).get("include_usage"):
-                yield {**base, "choices": [], "usage": {"prompt_tokens": prompt_len, "completion_tokens": used,
-                                                        "total_tokens": prompt_len + used}}
+                yield {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_len,
+                        "completion_tokens": used,
+                        "total_tokens": prompt_len + used,
+                    },
+                }
             self._finish(rid)
         finally:
             self._end(rid)
@@ -179,14 +223,19 @@ class FakeService:
             tools = {t["function"]["name"]: t["function"] for t in req.tools}
             for k, name in enumerate(names):
                 args = schema_instance(tools[name]["parameters"])
-                calls.append({"id": f"call_{k}_{name}", "type": "function",
-                              "function": {"name": name, "arguments": json.dumps(args)}})
+                calls.append(
+                    {
+                        "id": f"call_{k}_{name}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
+                )
         elif req.response_format == "json_schema":
             content = json.dumps(schema_instance(req.json_schema or {}))
         elif req.response_format == "json_object":
             content = json.dumps({"answer": "hello"})
         else:
-            content = "Hello! You said: " + " ".join(user.split()[:8])
+            content = "Hello! You said: " + " ".join(user.split()[:500])
         finish = "tool_calls" if calls else "stop"
         for stop in body.get("stop", []):
             if stop in content:
@@ -199,8 +248,16 @@ class FakeService:
             content = "".join(_words(content)[: max(budget, 0)])
             calls, finish, tokens = [], "length", tokens[:limit]
         prompt = sum(len(_words(_text(m.get("content")))) + 3 for m in body["messages"])
-        return {"user": user, "reasoning": reasoning, "content": content, "calls": calls, "finish": finish,
-                "completion_tokens": len(tokens), "reasoning_tokens": len(_words(reasoning)), "prompt_tokens": prompt}
+        return {
+            "user": user,
+            "reasoning": reasoning,
+            "content": content,
+            "calls": calls,
+            "finish": finish,
+            "completion_tokens": len(tokens),
+            "reasoning_tokens": len(_words(reasoning)),
+            "prompt_tokens": prompt,
+        }
 
     def _choice(self, plan: dict, index: int) -> dict:
         message = {"role": "assistant", "content": plan["content"] if plan["content"] or not plan["calls"] else None}
@@ -218,8 +275,19 @@ class FakeService:
             yield {"content": piece}, None
         for k, call in enumerate(plan["calls"]):
             fn = call["function"]
-            yield {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                   "function": {"name": fn["name"], "arguments": ""}}]}, None
+            yield (
+                {
+                    "tool_calls": [
+                        {
+                            "index": k,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": fn["name"], "arguments": ""},
+                        }
+                    ]
+                },
+                None,
+            )
             args = fn["arguments"]
             cuts = [0, len(args) // 3, 2 * len(args) // 3, len(args)]
             for a, b in itertools.pairwise(cuts):
@@ -230,10 +298,13 @@ class FakeService:
     def _usage(self, plan: dict, body: dict) -> dict:
         n = body.get("n", 1)
         done = plan["completion_tokens"] * n
-        return {"prompt_tokens": plan["prompt_tokens"], "completion_tokens": done,
-                "total_tokens": plan["prompt_tokens"] + done,
-                "prompt_tokens_details": {"cached_tokens": 0},
-                "completion_tokens_details": {"reasoning_tokens": plan["reasoning_tokens"] * n}}
+        return {
+            "prompt_tokens": plan["prompt_tokens"],
+            "completion_tokens": done,
+            "total_tokens": plan["prompt_tokens"] + done,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": plan["reasoning_tokens"] * n},
+        }
 
     def _complete_plan(self, body: dict) -> tuple[str, str, str, int, int]:
         self.bodies.append(body)

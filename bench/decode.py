@@ -1,0 +1,182 @@
+"""Decode throughput: jaxchat vs transformers `generate`, side by side in one run.
+
+For each model (GGUFs via `jaxchat.assets.asset_path`): the same chat prompt, fp32, greedy, N new tokens
+(eos ignored on both sides). Prints transformers' and jaxchat's tokens/s at batch 1 and their ratio,
+jaxchat's aggregate tokens/s at batch 1, 4 and 16 and the ratio to batch 1, how many of the greedy tokens
+agree, and the fraction of the memory-bandwidth bound at batch 1: achieved tokens/s divided by
+(measured numpy copy bandwidth / weight bytes read per step).  The copy bandwidth counts bytes read plus
+bytes written.  Timings include each request's prefill (the same prompt on both sides).
+
+    python bench/decode.py [--models smollm2,qwen2.5-0.5b] [--new-tokens 128] [--batches 1,4,16]
+    python bench/decode.py --random-config qwen3-8b --dtype bfloat16   # random weights, jaxchat only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import numpy as np
+
+MODELS = {
+    "smollm2": "smollm2-135m-instruct-q4_1.gguf",
+    "qwen2.5-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+}
+RANDOM_CONFIGS = {
+    "qwen3-8b": {"family": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_layers": 36,
+                     "num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "rope_theta": 1e6, "qk_norm": True},
+    "qwen2.5-0.5b": {"family": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_layers": 24,
+                         "num_heads": 14, "num_kv_heads": 2, "head_dim": 64, "rope_theta": 1e6, "attention_bias": True,
+                         "tie_word_embeddings": True},
+}
+PROMPT = "Write a short story about a robot who learns to paint."
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
+    a = np.ones(nbytes // 8, np.float64)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of parameters read by one decode step (the embedding table only when it is also the lm head)."""
+    import jax
+
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.params))
+    if not model.config.tie_word_embeddings:
+        c = model.config
+        total -= c.vocab_size * c.hidden_size * jax.numpy.dtype(model.dtype).itemsize
+    return total
+
+
+def run_jaxchat(engine, prompt_ids, new_tokens: int, batch: int) -> tuple[float, list[int]]:
+    from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+    async def one(i):
+        req = GenerationRequest(list(prompt_ids), SamplingParams(max_tokens=new_tokens, ignore_eos=True),
+                                request_id=f"b{batch}-{i}")
+        return [t async for o in engine.generate(req) for t in o.token_ids]
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(batch)))
+
+    t = time.perf_counter()
+    outs = asyncio.run(main())
+    dt = time.perf_counter() - t
+    assert all(len(o) == new_tokens for o in outs)
+    return sum(len(o) for o in outs) / dt, outs[0]
+
+
+def run_transformers(path, prompt_ids, new_tokens: int) -> tuple[float, list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.tensor([list(prompt_ids)])
+    kw = {"do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        dt = time.perf_counter() - t
+    return new_tokens / dt, out[0, ids.shape[1]:].tolist()
+
+
+def context_for(n: int) -> int:
+    c = 64
+    while c < n:
+        c *= 2
+    return c
+
+
+def bench_model(name: str, model, path, args, bw: float) -> None:
+    from jaxchat.engine.engine import Engine
+
+    tok = model.tokenizer
+    if tok is not None:
+        text = tok.apply_chat_template([{"role": "user", "content": PROMPT}],
+                                       add_generation_prompt=True, tokenize=False)
+        prompt = tok.encode(text, add_special_tokens=False)
+    else:
+        prompt = list(range(100, 130))
+    batches = [int(b) for b in args.batches.split(",")]
+    t = time.perf_counter()
+    engine = Engine(model, max_batch=max(batches), max_context=context_for(len(prompt) + args.new_tokens + 1),
+                    min_prefill_bucket=context_for(len(prompt)))
+    print(f"[{name}] prompt {len(prompt)} tokens; engine ready (warm-up compile) in {time.perf_counter() - t:.1f}s")
+    rates = {}
+    try:
+        run_jaxchat(engine, prompt, 8, 1)  # first-request effects (allocation) out of the timing
+        first = None
+        for b in batches:
+            rates[b], toks = run_jaxchat(engine, prompt, args.new_tokens, b)
+            first = toks if first is None else first
+        compiles = engine.stats()["compiles_after_warmup"]
+    finally:
+        engine.shutdown()
+    wbytes = weight_bytes_per_step(model)
+    bound = bw / wbytes
+    print(f"[{name}] weights read per step {wbytes / 1e6:.0f} MB; copy bandwidth {bw / 1e9:.1f} GB/s -> "
+          f"bound {bound:.1f} tok/s at batch 1")
+    if path is not None and not args.no_transformers:
+        hf_rate, hf_toks = run_transformers(path, prompt, args.new_tokens)
+        agree = next((i for i, (a, b) in enumerate(zip(first, hf_toks, strict=False)) if a != b), len(hf_toks))
+        print(f"[{name}] batch 1: transformers {hf_rate:.1f} tok/s, jaxchat {rates[batches[0]]:.1f} tok/s, "
+              f"ratio {rates[batches[0]] / hf_rate:.2f}x; greedy tokens agree for the first {agree}/{len(hf_toks)}")
+    base = rates[batches[0]]
+    for b in batches:
+        print(f"[{name}] jaxchat batch {b:>2}: {rates[b]:8.1f} tok/s aggregate, {rates[b] / base:.2f}x batch "
+              f"{batches[0]}")
+    print(f"[{name}] batch {batches[0]}: {base / bound:.0%} of the memory-bandwidth bound; "
+          f"compiles after warm-up: {compiles}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2,qwen2.5-0.5b", help=f"comma list of {list(MODELS)}")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS), help="random weights of a real shape")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--no-transformers", action="store_true")
+    args = ap.parse_args(argv)
+    import jax
+
+    print(f"devices: {jax.devices()}")
+    bw = copy_bandwidth()
+    if args.random_config:
+        bench_model(args.random_config, random_model(args.random_config, args.dtype), None, args, bw)
+        return
+    from jaxchat.assets import asset_path
+    from jaxchat.models import load_model
+
+    for name in args.models.split(","):
+        path = asset_path(MODELS[name])
+        bench_model(name, load_model(path, args.dtype, None), path, args, bw)
+
+
+def random_model(name: str, dtype: str):
+    import jax
+    from flax import nnx
+
+    from jaxchat.models import LoadedModel, ModelConfig
+    from jaxchat.models.weights import abstract_model
+
+    cfg = ModelConfig(**RANDOM_CONFIGS[name])
+    graphdef, abstract = abstract_model(cfg, dtype)
+    shapes = nnx.to_pure_dict(abstract)
+    leaves, tree = jax.tree.flatten(shapes)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    params = jax.tree.unflatten(tree, [(jax.random.normal(k, x.shape, jax.numpy.float32) * 0.02).astype(x.dtype)
+                                       for k, x in zip(keys, leaves, strict=True)])
+    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=None, eos_token_ids=(), source=f"random:{name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Strict loading: missing / unmapped / wrongly-shaped tensors are errors naming the tensor; config parsing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from jaxchat.models import ModelConfig, ModelLoadError, load_model
+from jaxchat.models.gguf_loader import hf_name, unpermute
+
+
+def _rewrite(src, dst, edit):
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    tensors = load_file(str(f))
+    edit(tensors)
+    save_file(tensors, str(f))
+    return dst
+
+
+def test_missing_tensor_is_named(tiny_dirs, tmp_path):
+    d = _rewrite(tiny_dirs["llama"][0], tmp_path / "m", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(ModelLoadError, match=r"missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"):
+        load_model(d)
+
+
+def test_unmapped_tensor_is_named(tiny_dirs, tmp_path):
+    def add(t):
+        t["model.layers.0.self_attn.extra.weight"] = np.zeros((4, 4), np.float32)
+
+    d = _rewrite(tiny_dirs["qwen3"][0], tmp_path / "m", add)
+    with pytest.raises(ModelLoadError, match=r"unmapped tensor 'model\.layers\.0\.self_attn\.extra\.weight'"):
+        load_model(d)
+
+
+def test_wrong_shape_is_named(tiny_dirs, tmp_path):
+    def cut(t):
+        t["model.layers.2.self_attn.k_proj.weight"] = t["model.layers.2.self_attn.k_proj.weight"][:-1]
+
+    d = _rewrite(tiny_dirs["qwen2"][0], tmp_path / "m", cut)
+    with pytest.raises(ModelLoadError, match=r"'model\.layers\.2\.self_attn\.k_proj\.weight' .*shape \(31, 64\)"):
+        load_model(d)
+
+
+def test_missing_bias_for_qwen2_is_named(tiny_dirs, tmp_path):
+    d = _rewrite(tiny_dirs["qwen2"][0], tmp_path / "m", lambda t: t.pop("model.layers.0.self_attn.v_proj.bias"))
+    with pytest.raises(ModelLoadError, match=r"v_proj\.bias"):
+        load_model(d)
+
+
+def test_unknown_gguf_tensor_is_named():
+    assert hf_name("blk.3.attn_q.weight", "llama") == "model.layers.3.self_attn.q_proj.weight"
+    assert hf_name("blk.3.ffn_norm.weight", "gemma3") == "model.layers.3.pre_feedforward_layernorm.weight"
+    with pytest.raises(ModelLoadError, match=r"'blk\.0\.attn_qkv\.weight'"):
+        hf_name("blk.0.attn_qkv.weight", "llama")
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    heads, hd, d = 3, 8, 5
+    w = np.random.default_rng(0).normal(size=(heads * hd, d))
+    # llama.cpp's converter: within each head, interleave the two rotary halves
+    permuted = np.concatenate([np.stack([h[: hd // 2], h[hd // 2:]], axis=1).reshape(hd, d)
+                               for h in np.split(w, heads)])
+    np.testing.assert_array_equal(unpermute(permuted, heads), w)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ModelLoadError, match="model_type 'mamba'"):
+        ModelConfig.from_hf_config({"model_type": "mamba"})
+    with pytest.raises(ModelLoadError, match="'intermediate_size'"):
+        ModelConfig.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
+                                    "vocab_size": 4, "num_hidden_layers": 1})
+    with pytest.raises(ModelLoadError, match="rope_type 'yarn'"):
+        ModelConfig.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
+                                    "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 8,
+                                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_config_round_trip(family, tiny_dirs):
+    cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
+    assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg
+    if family == "llama":
+        assert cfg.rope_scaling["rope_type"] == "llama3"
+    else:
+        assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
+
+
+def test_not_a_model(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(ModelLoadError, match="not a .gguf file"):
+        load_model(tmp_path)

@@ -1,0 +1,100 @@
+"""Real GGUF weights agree with transformers loading the same GGUF (both dequantise to float32)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from jaxchat.models import empty_cache, load_model
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+NEW = 32
+
+
+def _asset(name: str):
+    from jaxchat.assets import AssetError, asset_path
+
+    try:
+        return asset_path(name)
+    except AssetError as e:  # pragma: no cover - depends on the machine's cache
+        pytest.skip(str(e))
+
+
+def _hf_model(path):
+    """transformers' own GGUF loading (config, dequantisation, renaming), in float32."""
+    import importlib.util
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if importlib.util.find_spec("accelerate") is not None:
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                    dtype=torch.float32).eval()
+    # from_pretrained(gguf_file=...) insists on accelerate; the same steps without it:
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if missing:
+        assert config.tie_word_embeddings
+        model.tie_weights()
+    return model.eval()
+
+
+def jax_greedy(lm, ids: list[int], n: int) -> list[int]:
+    ck, cv = empty_cache(lm.config, 1, len(ids) + n, jnp.float32)
+    step = jax.jit(lm.forward, donate_argnums=(3, 4))
+    logits, ck, cv = step(lm.params, jnp.asarray([ids], jnp.int32), jnp.arange(len(ids), dtype=jnp.int32)[None],
+                          ck, cv)
+    out = [int(jnp.argmax(logits[0, -1]))]
+    for i in range(n - 1):
+        logits, ck, cv = step(lm.params, jnp.asarray([[out[-1]]], jnp.int32),
+                              jnp.asarray([[len(ids) + i]], jnp.int32), ck, cv)
+        out.append(int(jnp.argmax(logits[0, -1])))
+    return out
+
+
+def torch_greedy(model, ids: list[int], n: int) -> list[int]:
+    out, past, x = [], None, torch.tensor([ids])
+    with torch.no_grad():
+        for _ in range(n):
+            res = model(input_ids=x, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            out.append(int(res.logits[0, -1].argmax()))
+            x = torch.tensor([[out[-1]]])
+    return out
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct-q4_1.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])
+def test_gguf_greedy_matches_transformers(name):
+    path = _asset(name)
+    lm = load_model(path)
+    assert lm.chat_template and lm.eos_token_ids
+    ids = lm.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False)
+    ours = jax_greedy(lm, ids, NEW)
+    del lm
+    theirs = torch_greedy(_hf_model(path), ids, NEW)
+    assert ours == theirs
+
+
+def test_gemma3_gguf_logits_close_to_transformers():
+    path = _asset("gemma-3-270m-q4_k_m.gguf")
+    lm = load_model(path)
+    assert lm.config.family == "gemma3_text" and lm.config.is_sliding.count(False) == 3
+    ids = lm.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    assert ids[0] == lm.bos_token_id
+    ck, cv = empty_cache(lm.config, 1, len(ids), jnp.float32)
+    ours = np.asarray(jax.jit(lm.forward)(lm.params, jnp.asarray([ids], jnp.int32),
+                                          jnp.arange(len(ids), dtype=jnp.int32)[None], ck, cv)[0][0])
+    del lm
+    with torch.no_grad():
+        ref = _hf_model(path)(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(ours - ref).max() <= 2e-3 * max(1.0, np.abs(ref).max())
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
