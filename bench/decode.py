@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 
 import numpy as np
@@ -75,9 +76,17 @@ def run_jaxchat(engine, prompt_ids, new_tokens: int, batch: int) -> tuple[float,
 
 def run_transformers(path, prompt_ids, new_tokens: int) -> tuple[float, list[int]]:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    # The same dequantised GGUF weights, loaded without `accelerate` (which `from_pretrained(gguf_file=)` needs).
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise RuntimeError(f"transformers GGUF load: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
     ids = torch.tensor([list(prompt_ids)])
     kw = {"do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
@@ -146,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-transformers", action="store_true")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)
     import jax
 
     print(f"devices: {jax.devices()}")

@@ -20,7 +20,7 @@ class ServerLimits:
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 1024
     max_tools: int = 128
-    max_json_depth: int = 64
+    max_json_depth: int = 100  # above the chat library's 64-level schema bound, so that one names its param
     max_n: int = 16
     max_stop: int = 4
     max_top_logprobs: int = 20

@@ -120,7 +120,11 @@ async def _race(aw: Awaitable, watcher: asyncio.Future, cut: asyncio.Future) -> 
             await _cancel(task)
     if task.done() and not task.cancelled():
         return "done", task.result()  # re-raises the awaitable's exception
-    return ("gone", None) if watcher.done() else ("cut", None)
+    if watcher.done():
+        return "gone", None
+    if cut.done():
+        return "cut", None
+    raise RuntimeError("the service's awaitable was cancelled by someone else")
 
 
 async def run_until_gone(receive: Receive, aw: Awaitable, drain: Drain):

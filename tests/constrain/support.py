@@ -127,7 +127,8 @@ def _bit(row: np.ndarray, i: int) -> bool:
     return bool((int(row[i >> 5]) >> (i & 31)) & 1)
 
 
-def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Generator, max_steps: int):
+def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Generator, max_steps: int,
+         reasoning_end: list[int] | None = None):
     """Returns (token ids, finished) where finished means terminated or an end-of-turn token."""
     n = vocab.engine.vocab_size
     row = np.zeros((n + 31) // 32, dtype=np.int32)
@@ -146,6 +147,8 @@ def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Gene
             assert allowed.size, f"empty mask after {vocab.decode(ids)!r}"
             r = rng.random()
             starts = [m for m in markers if _bit(row, m[0]) and _structural(vocab, constraint, m)] if r < P_MARKER else []
+            if reasoning_end and not _in_reasoning(vocab, constraint, ids, reasoning_end):
+                starts = [m for m in starts if m != reasoning_end]
             close = allowed[closers[allowed]] if P_MARKER <= r < P_MARKER + P_CLOSE else allowed[:0]
             ends = [m for m in starts if m[0] in vocab.stops]
             if ends and rng.random() < 0.5:
@@ -162,6 +165,13 @@ def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Gene
         if token in vocab.stops:
             return ids, True
     return ids, False
+
+
+def _in_reasoning(vocab: Vocab, constraint, ids, end: list[int]) -> bool:
+    """Whether the reasoning block is open (the reasoning end is only a marker there)."""
+    n = len(end)
+    closed = any(ids[i:i + n] == end for i in range(len(ids) - n + 1))
+    return not closed and (constraint.prefill.startswith(constraint.reasoning_start) or bool(ids))
 
 
 def _structural(vocab: Vocab, constraint, seq: list[int]) -> bool:

@@ -99,7 +99,8 @@ def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, t
     seed = hash((kind, reasoning, mode, rf, think)) & 0xFFFF
     for i in range(WALKS):
         constraint = v.engine.make(spec, request, prefill)
-        ids, finished = walk(v, constraint, markers, np.random.default_rng(seed + i), MAX_STEPS)
+        end = v.encode(spec.reasoning_end) if spec.reasoning_end else None
+        ids, finished = walk(v, constraint, markers, np.random.default_rng(seed + i), MAX_STEPS, end)
         assert not constraint.disabled, constraint.given_up_reason
         text = output_text(v, ids)
         full = ("" if kind == "harmony" else prefill) + text

@@ -93,7 +93,7 @@ def test_unknown_routes_and_methods(client, method, path, status):
         (b'{"messages": "\xff\xfe"}', {"content-type": "application/json"}, "UTF-8"),
         (b'{"temperature": NaN}', {"content-type": "application/json"}, "not valid JSON"),
         (b'{"a": ' + b"9" * 5000 + b"}", {"content-type": "application/json"}, "not valid JSON"),
-        (b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}", {"content-type": "application/json"}, "nested too deeply"),
+        (b'{"a": ' + b"[" * 120 + b"]" * 120 + b"}", {"content-type": "application/json"}, "nested too deeply"),
         (b"[" * 5000 + b"]" * 5000, {"content-type": "application/json"}, "nested too deeply"),
         (b"messages=hi", {"content-type": "application/x-www-form-urlencoded"}, "Content-Type"),
         (b"{}", {"content-type": "application/json; charset=latin-1"}, "Content-Type"),

@@ -173,11 +173,11 @@ def malformed(draw) -> tuple[str, str, bytes, dict]:
         }
         body = json.dumps(base).encode()
     elif kind == "nesting":
-        depth = draw(st.integers(65, 5000))
+        depth = draw(st.integers(LIMITS.max_json_depth + 1, 5000))
         opener, closer = (b"[", b"]") if draw(st.booleans()) else (b'{"a":', b"}")
         body = json.dumps(base).encode()[:-1] + b', "extra": ' + opener * depth + b"1" + closer * depth + b"}"
     elif kind == "schema":
-        schema = {"type": "object", "properties": {"x": deep(draw(st.integers(60, 200)), "dict")}}
+        schema = {"type": "object", "properties": {"x": deep(draw(st.integers(64, 200)), "dict")}}
         field = draw(st.sampled_from(["tools", "response_format"]))
         extra = (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}

@@ -180,3 +180,12 @@ def test_overflowing_numbers_are_400(client, raw):
         400,
         "temperature",
     )
+
+
+def test_deep_tool_schema_names_its_param(client):
+    schema: dict = {"type": "string"}
+    for _ in range(34):  # 68 containers: over the schema bound (64), under the body bound (100)
+        schema = {"type": "object", "properties": {"x": schema}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    err = assert_error(client.post("/v1/chat/completions", json=chat(tools=tools)), 400, "tools[0].function.parameters")
+    assert "nested too deeply" in err["message"]

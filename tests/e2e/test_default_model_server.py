@@ -1,0 +1,123 @@
+"""End to end with the default model: the README's serve command, a tool call through curl, the live checks.
+
+Starts `jaxchat serve` (no --model: Qwen2.5-Coder-0.5B-Instruct from the asset fetcher) as a subprocess
+on 127.0.0.1, waits for /health, sends a `tool_choice: "required"` request with curl and checks the
+call, then runs every standard-library live check in `tests/live/` against it, and stops the server
+with SIGTERM (it must exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    try:
+        from jaxchat.assets import DEFAULT_MODEL, asset_path
+
+        asset_path(DEFAULT_MODEL)
+    except Exception as exc:
+        pytest.skip(f"default model not fetched: {exc}")
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    jaxchat = shutil.which("jaxchat", path=str(Path(sys.executable).parent)) or "jaxchat"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([jaxchat, "serve", "--port", str(port), "--max-batch", "4", "--max-context", "2048"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(2)
+    else:
+        proc.kill()
+        pytest.fail("server did not become healthy in 900 s")
+    yield base, proc, log_path
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def test_log_names_detected_format(server):
+    _, _, log_path = server
+    text = log_path.read_text()
+    assert "Chat format: hermes_json" in text
+    assert "Grammar engine ready in" in text
+
+
+def test_tool_call_through_curl(server):
+    base, _, _ = server
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    body = {
+        "model": "qwen2.5-coder-0.5b-instruct",
+        "messages": [{"role": "user", "content": "What is the weather in Paris right now?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 64,
+    }
+    out = subprocess.run(
+        ["curl", "-sS", "--fail-with-body", f"{base}/v1/chat/completions", "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    choice = json.loads(out.stdout)["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert calls and calls[0]["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(calls[0]["function"]["arguments"])["city"], str)
+    assert choice["finish_reason"] == "tool_calls"
+
+
+def test_live_checks_pass(server):
+    base, _, _ = server
+    env = dict(os.environ)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests/live/run_all.py"), "--base-url", base, "--model", "qwen2.5-coder-0.5b-instruct",
+         "--max-tokens", "48", "--timeout", "600"],
+        capture_output=True, text=True, timeout=1800, env=env,
+    )
+    print(result.stdout[-4000:])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_sigterm_exits_cleanly(server):
+    _, proc, log_path = server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, log_path.read_text()[-3000:]
