@@ -75,6 +75,10 @@ class ModelConfig:
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ModelLoadError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
 
+    def __hash__(self) -> int:  # rope_scaling is a dict: hash its items so the config can be a static jit arg
+        items = tuple(sorted(self.rope_scaling.items())) if self.rope_scaling else None
+        return hash(tuple(items if f == "rope_scaling" else getattr(self, f) for f in self.__dataclass_fields__))
+
     @property
     def attn_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5

@@ -141,6 +141,42 @@ def _tensor(t, name: str, arch: str, cfg_heads: tuple[int, int]) -> Tensor:
     return Tensor(shape, load)
 
 
+def gguf_tokenizer(path: Path, template: str | None):
+    """The GGUF's tokenizer through transformers; the (slow) conversion is cached on disk.
+
+    The cache lives in `$JAXCHAT_CACHE/tokenizers/<stem>-<size>-<mtime_ns>` (save_pretrained output);
+    set JAXCHAT_TOKENIZER_CACHE=0 to always convert.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from jaxchat.assets import cache_dir
+
+    st = path.stat()
+    cached = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
+    use_cache = os.environ.get("JAXCHAT_TOKENIZER_CACHE", "1") != "0"
+    if use_cache and (cached / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(cached))
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if template and not getattr(tok, "chat_template", None):
+        tok.chat_template = template
+    if use_cache:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+            tok.save_pretrained(str(tmp))
+            try:
+                tmp.rename(cached)
+            except OSError:  # another process won the race
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass  # a read-only cache only costs speed
+    return tok
+
+
 def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
     import gguf
 
@@ -156,12 +192,6 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
     tensors = {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
     graphdef, params = assemble(cfg, tensors, dtype, mesh, where=path.name, desc=f"loading {path.name}")
     template = field(reader, "tokenizer.chat_template")
-    tok = None
-    if tokenizer:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        if template and not getattr(tok, "chat_template", None):
-            tok.chat_template = template
+    tok = gguf_tokenizer(path, template) if tokenizer else None
     return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
                        eos_token_ids=cfg.eos_token_ids, bos_token_id=cfg.bos_token_id, mesh=mesh, source=str(path))
