@@ -52,7 +52,7 @@ class GrammarEngine:
             for i in range(n_tok):
                 try:
                     vocab.append(tokenizer.decode_single_token_bytes(i))
-                except Exception:  # holes in the id space decode to nothing
+                except (KeyError, ValueError, RuntimeError):  # holes in the id space decode to nothing
                     vocab.append(b"")
             self._decoded = vocab
         stops = [int(s) for s in (stop_token_ids if stop_token_ids is not None else default_stops)]

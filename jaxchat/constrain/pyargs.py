@@ -124,7 +124,7 @@ class _Rules:
         # xgrammar's own range grammar (its JSON numbers are Python numbers), rules renamed.
         text = str(xgr.Grammar.from_json_schema(json.dumps({"type": schema["type"], **ranged})))
         prefix = self.new(hint) + "_"
-        names = re.findall(r"^(\w+) ::=", text, flags=re.M)
+        names = re.findall(r"^(\w+) ::=", text, flags=re.MULTILINE)
         pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
         self.lines.extend(pattern.sub(lambda m: prefix + m.group(1), line) for line in text.splitlines() if line)
         return prefix + "root"

@@ -181,7 +181,7 @@ def _choice_name(request: ConstraintRequest) -> str:
 def _reasoning_prefix(spec: ChatFormatSpec, excludes) -> dict:
     inner = [m for m in excludes if m not in (spec.reasoning_end, spec.tool_start, spec.tool_end)]
     block = _tag(spec.reasoning_start, _any_text(inner), spec.reasoning_end)
-    return {"type": "optional", "content": _seq(block, {"type": "regex", "pattern": r"[ \t\n\r]{0,%d}" % MAX_WS})}
+    return {"type": "optional", "content": _seq(block, {"type": "regex", "pattern": rf"[ \t\n\r]{{0,{MAX_WS}}}"})}
 
 
 def _harmony_body(spec, request, tools, content) -> dict | None:

@@ -11,7 +11,9 @@ target dtype, stacks layers on axis 0 and places the result (with `NamedSharding
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,17 +124,27 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
     np_dtype = np.dtype(jax.numpy.dtype(dtype))
     buffers = {p: np.zeros(s, np_dtype) for p, (s, _) in shapes.items()}
     filled = {p: 0 for p in shapes}
-    for name, e in tqdm(tab.items(), desc=desc, unit="tensor", leave=False):
+    for e in tab.values():
         if e.path not in buffers:
-            raise ModelLoadError(f"tensor {name!r} maps to unknown param {'/'.join(e.path)}")
+            raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
+
+    def fill(e: Entry) -> None:  # runs in worker threads (numpy and dequantisation release the GIL)
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
-        x = convert(np.asarray(tensors[name].load()), e, target).astype(np_dtype)
+        x = convert(np.asarray(tensors[e.hf].load()), e, target)
         if e.layer is None:
             buffers[e.path][...] = x
         else:
             buffers[e.path][e.layer] = x
-        filled[e.path] += 1
+
+    entries = list(tab.values())
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool, \
+            tqdm(total=len(entries), desc=desc, unit="tensor", leave=False) as bar:
+        for start in range(0, len(entries), 16):  # bounded window: at most 16 tensors in flight
+            chunk = entries[start:start + 16]
+            for e, _ in zip(chunk, pool.map(fill, chunk), strict=True):
+                filled[e.path] += 1
+                bar.update(1)
     for p, n in filled.items():
         want = cfg.num_layers if p[0] == "layers" else 1
         if n != want:

@@ -31,13 +31,13 @@ class Vocab:
     stops: tuple  # end-of-turn token ids (the engine stops on them)
 
     @staticmethod
-    def hf(tokenizer, vocab_size: int, stops: tuple) -> "Vocab":
+    def hf(tokenizer, vocab_size: int, stops: tuple) -> Vocab:
         engine = GrammarEngine(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stops))
         tb = [bytes(b) for b in engine.tokenizer_info.decoded_vocab]
         return Vocab(engine, lambda s: tokenizer.encode(s, add_special_tokens=False), tb, tuple(stops))
 
     @staticmethod
-    def quicktok(name: str, stops: tuple) -> "Vocab":
+    def quicktok(name: str, stops: tuple) -> Vocab:
         import quicktok
 
         enc = quicktok.get_encoding(name)

@@ -18,7 +18,7 @@ import pytest
 
 from jaxchat.chat import ChatParseOptions, chat_format_make, chat_format_prefill, chat_parse
 from jaxchat.constrain import chat_structural_tag
-from tests.constrain.support import SCHEMA, TOOLS, make_request, marker_sequences, output_text, walk
+from tests.constrain.support import SCHEMA, make_request, marker_sequences, output_text, walk
 
 WALKS = int(os.environ.get("JAXCHAT_WALKS", "4"))
 MAX_STEPS = 400

@@ -25,6 +25,16 @@ def _asset(name: str):
         pytest.skip(str(e))
 
 
+def _no_init():
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        import contextlib
+
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
 def _hf_model(path):
     """transformers' own GGUF loading (config, dequantisation, renaming), in float32."""
     import importlib.util
@@ -38,7 +48,8 @@ def _hf_model(path):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with _no_init():  # every weight is overwritten below: skip the random init
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
