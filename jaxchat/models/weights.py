@@ -11,9 +11,7 @@ target dtype, stacks layers on axis 0 and places the result (with `NamedSharding
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,23 +126,15 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         if e.path not in buffers:
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
 
-    def fill(e: Entry) -> None:  # runs in worker threads (numpy and dequantisation release the GIL)
+    for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
-        x = convert(np.asarray(tensors[e.hf].load()), e, target)
+        x = convert(np.asarray(tensors[e.hf].load()), e, target)  # cast on assignment
         if e.layer is None:
             buffers[e.path][...] = x
         else:
             buffers[e.path][e.layer] = x
-
-    entries = list(tab.values())
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool, \
-            tqdm(total=len(entries), desc=desc, unit="tensor", leave=False) as bar:
-        for start in range(0, len(entries), 16):  # bounded window: at most 16 tensors in flight
-            chunk = entries[start:start + 16]
-            for e, _ in zip(chunk, pool.map(fill, chunk), strict=True):
-                filled[e.path] += 1
-                bar.update(1)
+        filled[e.path] += 1
     for p, n in filled.items():
         want = cfg.num_layers if p[0] == "layers" else 1
         if n != want:
@@ -155,7 +145,8 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
 
         specs = param_partition_specs(cfg, nnx.to_pure_dict(abstract), mesh)
     params: dict = {}
-    for p, buf in buffers.items():
+    for p in list(buffers):
+        buf = buffers.pop(p)  # drop the host copy as soon as it is placed
         node = params
         for k in p[:-1]:
             node = node.setdefault(k, {})
