@@ -134,7 +134,8 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
 
 
 def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, excludes) -> dict:
-    """Tool calls triggered by the tool opener: free text allowed around them unless at_least_one."""
+    """Tool calls: with `at_least_one`, one or more calls separated by a newline and nothing else;
+    otherwise free text in which the tool opener triggers a call."""
     if spec.kind == "lfm2":
         grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
         tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]
@@ -142,6 +143,8 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
         tags = [tag for t in tools for tag in tool_tag(spec, t)]
     if single and len(tools) == 1 and at_least_one and spec.kind != "lfm2" and len(tags) == 1:
         return tags[0]
+    if at_least_one:  # calls only: no text before, between or after them
+        return {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True, "stop_after_first": single}
     return {
         "type": "triggered_tags",
         "triggers": [spec.tool_start],
