@@ -18,7 +18,15 @@ import statistics
 import sys
 import time
 
-from jaxchat.chat import ChatMsg, ChatParseOptions, ChatStream, apply_deltas, chat_compute_deltas, chat_format_make, chat_parse
+from jaxchat.chat import (
+    ChatMsg,
+    ChatParseOptions,
+    ChatStream,
+    apply_deltas,
+    chat_compute_deltas,
+    chat_format_make,
+    chat_parse,
+)
 
 SPEC = chat_format_make("hermes_json", reasoning=True)
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {}}}}]

@@ -6,8 +6,8 @@ Contract: `ChatMsg` is what `chat_parse` returns; `ChatMsgDelta` is one streamed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 @dataclass

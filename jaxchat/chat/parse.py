@@ -14,8 +14,14 @@ scanned again, so a stream costs linear time overall (see `chat.stream`).
 
 from __future__ import annotations
 
-from jaxchat.chat.args import ArgumentSyntaxError, ParsedCall
-from jaxchat.chat.args import parse_gemma4_call, parse_hermes_call, parse_python_calls, parse_qwen_xml_call
+from jaxchat.chat.args import (
+    ArgumentSyntaxError,
+    ParsedCall,
+    parse_gemma4_call,
+    parse_hermes_call,
+    parse_python_calls,
+    parse_qwen_xml_call,
+)
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
 from jaxchat.chat.segments import Segments, cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec

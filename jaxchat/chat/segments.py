@@ -7,7 +7,7 @@ segments joined with a blank line, so trailing whitespace only shows once someth
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 SEPARATOR = "\n\n"
 

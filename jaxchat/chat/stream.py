@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import secrets
 import string
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from jaxchat.chat.msg import ChatMsg, ChatMsgDelta, ChatParseOptions, ToolCall
 from jaxchat.chat.parse import make_parser

@@ -28,8 +28,9 @@ from jaxchat.chat import (
     chat_parse,
 )
 from jaxchat.chat.detect import is_token_from_vocab
+from jaxchat.chat.stream import new_tool_call_id
 from jaxchat.engine import openai_shapes as shapes
-from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from jaxchat.engine.types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("jaxchat")
 
@@ -147,15 +148,13 @@ class ChatService:
         choices, completion_tokens, reasoning_tokens = [], 0, 0
         for index, (text, finish, n_tokens, logprobs) in enumerate(results):
             msg = chat_parse(self.spec, prepared.prefill + text, False, prepared.options)
-            ids = ChatStream(self.spec, prepared.options)  # the same id scheme as a stream
-            ids.update(prepared.prefill + text, True)
-            for call, streamed in zip(msg.tool_calls, ids.parsed.tool_calls):
-                call.id = streamed.id
+            for call in msg.tool_calls:
+                call.id = new_tool_call_id()
             completion_tokens += n_tokens
             reasoning_tokens += self._count_tokens(msg.reasoning_content)
             choices.append(shapes.chat_choice(index, msg, chat_finish_reason(msg, finish),
                                               shapes.logprobs_json(self.tokenizer, logprobs)))
-        usage = shapes.usage(len(prepared.prompt_ids) * 1, completion_tokens, reasoning_tokens)
+        usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
 
     async def _collect(self, request: GenerationRequest):

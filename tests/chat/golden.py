@@ -85,7 +85,7 @@ def _g(spec, name, prefill, generated, reasoning="", content="", calls=(), cut="
 
 def _tag_family(spec: ChatFormatSpec, call, call_block, think_prefill: str) -> list[Golden]:
     """The standard set for a tag format; `call(name, args_src)` renders one call's syntax."""
-    r_open, r_close = spec.reasoning_start, spec.reasoning_end
+    r_close = spec.reasoning_end
     weather = call("get_weather", {"city": "Paris", "days": 3})
     return [
         _g(spec, "plain_text", "", "Hello! How can I help you today?", content="Hello! How can I help you today?"),
