@@ -9,8 +9,10 @@ from jaxchat.models.base import (
     ModelConfig,
     ModelLoadError,
     empty_cache,
+    layer_cache,
     load_model,
     save_orbax,
+    unstack_layers,
 )
 
-__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "empty_cache", "load_model", "save_orbax"]
+__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "empty_cache", "layer_cache", "load_model", "save_orbax", "unstack_layers"]

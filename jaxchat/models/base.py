@@ -14,6 +14,16 @@ Contract:
   row's own sequence (earlier calls or this one); stale entries beyond the position are masked.
   Returns float32 logits [B, T, vocab_size] and the updated caches. Prefill (T > 1) and decode
   (T == 1) are the same function; donate the caches when jitting.
+  Extensions (keyword-only, defaults give the above): `row_offset` (int32 scalar, may be traced): the
+  cache may hold more rows Bc >= B, and token row b uses cache row row_offset + b (rows outside are
+  untouched); `logits_index` int32[B]: return only the logits at that step of each row, [B, 1, vocab]
+  (prefill needs one position, not the whole bucket).
+- Fast layout (what the engine uses on CPU): `unstack_layers(params)` splits the stacked layers into
+  a tuple of per-layer dicts (zero-copy on one CPU device) and `layer_cache(config, B, S)` gives
+  per-layer caches: tuples of num_layers arrays [B, num_kv_heads, S, head_dim]. With these the
+  forward is a Python loop over layers (no per-layer dynamic slice of weights or cache, which XLA on
+  CPU copies) and returns the caches as tuples. Stacked params with the stacked cache scan the layers
+  (compact program, preferred on accelerators).
 - `params` is a plain nested dict of jax arrays (the flax nnx state split once, as a pure dict);
   layer parameters are stacked on a leading `num_layers` axis.
 - `partition_specs(mesh)` gives a matching pytree of `PartitionSpec`s: tensor parallel over
@@ -123,12 +133,22 @@ class LoadedModel:
         self.mesh = mesh
         self.source = source
 
-    def forward(self, params, tokens, positions, cache_k, cache_v):
+    def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None):
         """Pure forward over the cache; see the module docstring for the contract."""
         from flax import nnx
 
+        layers = params["layers"]
+        if isinstance(layers, (tuple, list)):  # unstacked (see `unstack_layers`): a Python loop over layers
+            module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
+            return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, layer_states=tuple(layers))
         module = nnx.merge(self.graphdef, params)
-        return module(tokens, positions, cache_k, cache_v)
+        return module(tokens, positions, cache_k, cache_v, row_offset, logits_index)
+
+    def unstack_layers(self, params) -> dict:
+        return unstack_layers(params)
+
+    def layer_cache(self, batch: int, max_len: int):
+        return layer_cache(self.config, batch, max_len, self.dtype)
 
     def partition_specs(self, mesh) -> dict:
         from jaxchat.models.sharding import param_partition_specs
@@ -155,6 +175,40 @@ def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
 
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+
+def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
+    """Zeroed per-layer caches: (tuple of num_layers [batch, num_kv_heads, max_len, head_dim], same for v)."""
+    import jax.numpy as jnp
+
+    shape = (batch, config.num_kv_heads, max_len, config.head_dim)
+    return (tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+            tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+
+
+def unstack_layers(params: dict) -> dict:
+    """`params` with `params["layers"]` split into a tuple of per-layer dicts, each layer its own buffers.
+
+    On a single CPU device the layers are zero-copy views of the stacked buffers (no extra memory);
+    otherwise (sharded, accelerators) they are copies that keep the stacked arrays' shardings.
+    """
+    import jax
+    import numpy as np
+
+    stacked = params["layers"]
+    leaves, tree = jax.tree.flatten(stacked)
+    n = leaves[0].shape[0]
+
+    def split(x):
+        devs = x.sharding.device_set if isinstance(x, jax.Array) else set()
+        if len(devs) == 1 and next(iter(devs)).platform == "cpu":
+            view = np.asarray(x)  # shares the buffer; device_put of an aligned view is zero-copy on CPU
+            return [jax.device_put(view[i], x.sharding) for i in range(n)]
+        return [x[i] for i in range(n)]
+
+    per_leaf = [split(x) for x in leaves]
+    layers = tuple(jax.tree.unflatten(tree, [p[i] for p in per_leaf]) for i in range(n))
+    return {**params, "layers": layers}
 
 
 def load_model(path: str | Path, dtype: str = "float32", mesh=None) -> LoadedModel:

@@ -35,11 +35,11 @@ class GemmaBlock(nnx.Module):
         self.mlp = MLP(cfg, dtype)
         self.post_ffw_norm = RMSNorm(d, eps, dtype, gemma=True)
 
-    def __call__(self, x, rope, positions, cache_k, cache_v, layer, mask):
-        h, cache_k, cache_v = self.attn(self.input_norm(x), rope, positions, cache_k, cache_v, layer, mask)
+    def __call__(self, x, rope, positions, cache, mask, at):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, at)
         x = x + self.post_attn_norm(h)
         x = x + self.post_ffw_norm(self.mlp(self.pre_ffw_norm(x)))
-        return x, cache_k, cache_v
+        return x, cache
 
 
 class Model(CausalLM):

@@ -116,7 +116,7 @@ class Attention(nnx.Module):
         self.softcap = cfg.attn_logit_softcapping
         self.groups = h // kv
 
-    def __call__(self, x, rope, positions, cache_k, cache_v, layer, mask):
+    def __call__(self, x, rope, positions, cache, mask, at):
         q = jnp.einsum("btd,dhk->bthk", x, self.q[...])
         k = jnp.einsum("btd,dhk->bthk", x, self.k[...])
         v = jnp.einsum("btd,dhk->bthk", x, self.v[...])
@@ -126,24 +126,54 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache, keys, values = kv_io(cache, k, v, positions, at)
         b, t = positions.shape
-        s = cache_k.shape[2]
-        rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
-        cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
-        cache_k = cache_k.at[layer, rows, cols].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[layer, rows, cols].set(v.astype(cache_v.dtype), mode="drop")
-        keys, values = cache_k[layer], cache_v[layer]  # [B, S, KV, D]
-        kvh = keys.shape[2]
+        kv_major = at[2]
+        kvh = k.shape[2]
         qg = q.reshape(b, t, kvh, self.groups, q.shape[-1])
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(q.dtype),
+        kspec = "bksd" if kv_major else "bskd"
+        scores = jnp.einsum(f"btkgd,{kspec}->bkgts", qg, keys.astype(q.dtype),
                             preferred_element_type=jnp.float32) * self.scale
         if self.softcap is not None:
             scores = jnp.tanh(scores / self.softcap) * self.softcap
         scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(b, t, -1, q.shape[-1])
+        out = jnp.einsum(f"bkgts,{kspec}->btkgd", probs, values).reshape(b, t, -1, q.shape[-1])
         out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
-        return out, cache_k, cache_v
+        return out, cache
+
+
+def kv_io(cache, k, v, positions, at):
+    """Write the new k/v [B, T, KV, D] into the cache and return (cache, keys, values) of the B rows.
+
+    `at = (layer, row_offset, kv_major)`: `layer` indexes a stacked cache [L, Bc, S, KV, D] (None: the
+    cache is one layer's [Bc, KV, S, D] when kv_major, else [Bc, S, KV, D]); the B token rows are the cache
+    rows row_offset .. row_offset + B - 1. Padding positions (< 0) write nothing.
+    """
+    layer, row_offset, kv_major = at
+    ck, cv = cache
+    b, t = positions.shape
+    s_axis = 2 if kv_major else (2 if layer is not None else 1)
+    s = ck.shape[s_axis]
+    rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None] + row_offset, (b, t))
+    cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
+    k, v = k.astype(ck.dtype), v.astype(cv.dtype)
+    if layer is not None:
+        ck = ck.at[layer, rows, cols].set(k, mode="drop")
+        cv = cv.at[layer, rows, cols].set(v, mode="drop")
+        keys, values = ck[layer], cv[layer]
+    elif kv_major:
+        ck = ck.at[rows, :, cols].set(k, mode="drop")
+        cv = cv.at[rows, :, cols].set(v, mode="drop")
+        keys, values = ck, cv
+    else:
+        ck = ck.at[rows, cols].set(k, mode="drop")
+        cv = cv.at[rows, cols].set(v, mode="drop")
+        keys, values = ck, cv
+    if keys.shape[0] != b:
+        keys = jax.lax.dynamic_slice_in_dim(keys, row_offset, b, axis=0)
+        values = jax.lax.dynamic_slice_in_dim(values, row_offset, b, axis=0)
+    return (ck, cv), keys, values
 
 
 class MLP(nnx.Module):
@@ -173,10 +203,31 @@ def make_stack(cfg: ModelConfig, block_cls, dtype):
     return build()
 
 
-def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding):
-    """Scan the stacked blocks. ropes/masks: (global, local) pairs; sliding: bool per layer."""
+def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0, layer_states=None):
+    """Run the blocks. ropes/masks: (global, local) pairs; sliding: bool per layer.
+
+    With stacked params (`layer_states` None) the blocks are scanned over the stacked cache; with
+    `layer_states` (a tuple of per-layer param dicts) the loop is unrolled in Python, so every layer's
+    weights are their own buffers (no per-layer dynamic slice, which copies the weights on CPU). The
+    cache is then either stacked or a tuple of per-layer [Bc, KV, S, D] arrays.
+    """
     graphdef, state = nnx.split(layers)
     n = len(sliding)
+    if layer_states is not None:
+        per_layer = isinstance(cache_k, (tuple, list))
+        cks, cvs = (list(cache_k), list(cache_v)) if per_layer else (None, None)
+        for i, st in enumerate(layer_states):
+            block = nnx.merge(graphdef, st)
+            j = 1 if sliding[i] else 0
+            if per_layer:
+                x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], (None, row_offset, True))
+            else:
+                x, (cache_k, cache_v) = block(x, ropes[j], positions, (cache_k, cache_v), masks[j], (i, row_offset, False))
+        if per_layer:
+            return x, tuple(cks), tuple(cvs)
+        return x, cache_k, cache_v
+    if isinstance(cache_k, (tuple, list)):
+        raise ValueError("a per-layer (tuple) cache needs per-layer params (unstack_layers)")
 
     def body(carry, xs):
         h, ck, cv = carry
@@ -184,7 +235,7 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding):
         block = nnx.merge(graphdef, st)
         rope = tuple(jnp.where(is_local, a, b) for a, b in zip(ropes[1], ropes[0], strict=True))
         mask = jnp.where(is_local, masks[1], masks[0])
-        h, ck, cv = block(h, rope, positions, ck, cv, idx, mask)
+        h, (ck, cv) = block(h, rope, positions, (ck, cv), mask, (idx, row_offset, False))
         return (h, ck, cv), None
 
     xs = (state, jnp.arange(n, dtype=jnp.int32), jnp.asarray(sliding, dtype=bool))
@@ -193,7 +244,7 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding):
 
 
 class CausalLM(nnx.Module):
-    """Embedding, a scanned stack of `block_cls`, final norm and (tied or own) lm head."""
+    """Embedding, the stack of `block_cls` (scanned or unrolled), final norm and (tied or own) lm head."""
 
     block_cls: type = None  # set by the family module
     gemma = False
@@ -206,20 +257,22 @@ class CausalLM(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
 
-    def __call__(self, tokens, positions, cache_k, cache_v):
+    def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None):
         cfg = self.config
         table = self.embed[...]
         x = jnp.take(table, tokens, axis=0)
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        s = cache_k.shape[2]
+        s = (cache_k[0].shape[2]) if isinstance(cache_k, (tuple, list)) else cache_k.shape[2]
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob
         mask_g = attention_mask(positions, s, None)
         mask_l = attention_mask(positions, s, cfg.sliding_window) if cfg.sliding_window else mask_g
-        x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v,
-                                        (glob, local), (mask_g, mask_l), cfg.is_sliding)
+        x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v, (glob, local),
+                                        (mask_g, mask_l), cfg.is_sliding, row_offset, layer_states)
+        if logits_index is not None:  # only the needed position per row: [B, 1, D]
+            x = jnp.take_along_axis(x, logits_index.astype(jnp.int32)[:, None, None], axis=1)
         x = self.final_norm(x)
         if cfg.tie_word_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)

@@ -21,11 +21,11 @@ class LlamaBlock(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype)
 
-    def __call__(self, x, rope, positions, cache_k, cache_v, layer, mask):
-        h, cache_k, cache_v = self.attn(self.input_norm(x), rope, positions, cache_k, cache_v, layer, mask)
+    def __call__(self, x, rope, positions, cache, mask, at):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, at)
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x))
-        return x, cache_k, cache_v
+        return x, cache
 
 
 class Model(CausalLM):

@@ -117,6 +117,87 @@ def test_live_checks_pass(server):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
+MODEL = "qwen2.5-coder-0.5b-instruct"
+STRICT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book_table",
+        "strict": True,
+        "description": "Book a restaurant table",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12}, "time": {"type": "string", "enum": ["18:00", "20:00"]}},
+            "required": ["people", "time"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "Book a table for 4 people at 8pm, and tell me the weather in Paris."}]
+
+
+def test_openai_sdk_sync_against_real_model(server):
+    import jsonschema
+    import openai
+    from pydantic import BaseModel
+
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0)
+    assert plain.choices[0].message.content and plain.usage.completion_tokens <= 8
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0, stream=True) if c.choices]
+    assert "".join(pieces) == plain.choices[0].message.content
+    modes = {"required": None, "named": {"type": "function", "function": {"name": "book_table"}}, "none": "none", "auto": "auto"}
+    for mode, choice in modes.items():
+        reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, STRICT_TOOL], max_tokens=64, temperature=0,
+                                               tool_choice=choice or "required")
+        calls = reply.choices[0].message.tool_calls or []
+        if mode == "none":
+            assert not calls
+        if mode in ("required", "named"):
+            assert calls, mode
+        if mode == "named":
+            assert {c.function.name for c in calls} == {"book_table"}
+        for call in calls:
+            if call.function.name == "book_table":  # strict: schema-valid arguments
+                jsonschema.validate(json.loads(call.function.arguments), STRICT_TOOL["function"]["parameters"])
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=[WEATHER, STRICT_TOOL], tool_choice="required",
+                                        max_tokens=64, temperature=0) as stream:
+        final = stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert calls and all(isinstance(json.loads(c.function.arguments), dict) for c in calls)
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    parsed = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "Give a city as JSON."}],
+                                           response_format=City, max_tokens=48, temperature=0)
+    assert isinstance(parsed.choices[0].message.parsed, City)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert err.value.body["param"] == "tool_choice.function.name"
+
+
+def test_openai_sdk_async_against_real_model(server):
+    import asyncio
+
+    import openai
+
+    base, _, _ = server
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+        reply = await client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=48, temperature=0)
+        stream = await client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=48,
+                                                      temperature=0, stream=True)
+        names = [tc.function.name async for c in stream if c.choices for tc in (c.choices[0].delta.tool_calls or []) if tc.function and tc.function.name]
+        return reply, names
+
+    reply, names = asyncio.run(run())
+    assert [c.function.name for c in reply.choices[0].message.tool_calls] == names
+
+
 def test_sigterm_exits_cleanly(server):
     _, proc, log_path = server
     proc.send_signal(signal.SIGTERM)
