@@ -1,0 +1,73 @@
+"""The `jaxchat` command line: help, clear errors for bad arguments, and the terminal chat's rendering."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from jaxchat.chat_tui import DIM, render_stream
+from jaxchat.cli import _parser, main
+
+
+def test_serve_defaults_bind_localhost_and_default_model():
+    args = _parser().parse_args(["serve"])
+    assert (args.host, args.port, args.model) == ("127.0.0.1", 8000, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--port", "0"], "--port must be positive"),
+    (["serve", "--max-batch", "-1"], "--max-batch must be positive"),
+])
+def test_bad_numbers_are_clear_errors(argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert message in str(exc.value)
+
+
+def test_unknown_command_exits_2():
+    result = subprocess.run([sys.executable, "-m", "jaxchat.cli", "fly"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_help_lists_commands():
+    result = subprocess.run([sys.executable, "-m", "jaxchat.cli", "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0
+    for command in ("serve", "chat", "convert", "bench"):
+        assert command in result.stdout
+
+
+def test_chat_renders_reasoning_dimmed_and_tool_calls():
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"reasoning_content": "thinking"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"content": "Sure."}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                              "function": {"name": "get_weather", "arguments": '{"city": '}}]}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    out = io.StringIO()
+    message = render_stream(chunks, out)
+    text = out.getvalue()
+    assert DIM + "thinking" in text and "Sure." in text and '-> get_weather({"city": "Paris"})' in text
+    assert message == {"role": "assistant", "content": "Sure.", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+
+
+def test_convert_writes_an_orbax_checkpoint_with_identical_logits(tmp_path):
+    import numpy as np
+
+    from jaxchat.models import empty_cache, load_model
+    from tests.tiny_model import tiny_chat_model
+
+    src = tiny_chat_model(tmp_path / "hf")
+    assert main(["convert", str(src), str(tmp_path / "orbax")]) == 0
+    a, b = load_model(src), load_model(tmp_path / "orbax")
+    tokens = np.array([[1, 2, 3, 4]], np.int32)
+    positions = np.arange(4, dtype=np.int32)[None]
+    out = [m.forward(m.params, tokens, positions, *empty_cache(m.config, 1, 16))[0] for m in (a, b)]
+    np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(out[1]))
+    assert b.chat_template == a.chat_template
