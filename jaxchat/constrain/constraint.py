@@ -13,8 +13,9 @@ Contract:
 - `give_up(reason)`: after any rejection the constraint logs `Constrained decoding disabled for
   this request: <reason>` once and stops masking (every token allowed); the request completes.
 - Marker guard: a single-token marker (`</tool_call>`, `<|call|>`, ...) is masked wherever plain
-  text is also allowed, so markers appear only where the grammar needs them structurally, never
-  inside argument strings (xgrammar's own string `excludes` compile far too slowly).
+  text is also allowed, so markers appear only where the grammar needs them structurally. This is
+  a second line: the grammar itself keeps markers, spelled out or single tokens, out of free text
+  and strings (`excludes`, see `tags.string_excludes`).
 - `TokenBanConstraint` (`token_ban_constraint`): a fixed mask with some tokens banned, no grammar
   (tool_choice "none" when the tool opener is a single token).
 """

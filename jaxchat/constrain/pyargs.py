@@ -5,11 +5,14 @@ inside of an LFM2 call list: one call when `single`, else calls separated by `, 
 list of (name, parameters schema). All argument lists and nested dicts come from ONE helper,
 `argument_list_rules()`: declared properties in their declared order, required ones required,
 optional ones skippable, values typed from the schema. The Python literals written are the subset
-`jaxchat.chat`'s relaxed-args dialect reads: double-quoted strings (escapes \\" \\\\ \\n \\r \\t;
+`jaxchat.chat`'s relaxed-args dialect reads: double- or single-quoted strings (escapes \\" \\' \\\\ \\n \\r \\t;
 `<|` is never written, so no marker can appear in a string), integers and decimals bounded to 16
 digits each side of the point, True/False/None, lists, dicts with string keys. String enums and
 consts are spelled out; integer/number ranges reuse xgrammar's own range grammar; whitespace is at
-most one space after a comma or colon. Unsupported keywords (pattern, format, lengths) are ignored.
+most one space after a comma or colon. Strings are right-recursive rules (`py_rest`/`py_lt`), the
+shape whose token masks xgrammar precomputes: a `py_char*` star with a two-character alternative
+cost ~100 ms per mask fill inside a string, this form ~0.1 ms. Unsupported keywords (pattern,
+format, lengths) are ignored.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import xgrammar as xgr
 _BASE = r"""
 ws1 ::= " "?
 sep ::= "," ws1
-py_str ::= "\"" py_chars "\""
-py_chars ::= py_char*
-py_char ::= [^"\\<\x00-\x1f] | py_esc | "<" ([^"\\<|\x00-\x1f] | py_esc)
-py_esc ::= "\\" ["\\nrt]
+py_str ::= "\"" py_rest | "'" py_srest
+py_rest ::= "\"" | [^"\\<\x00-\x1f] py_rest | py_esc py_rest | "<" py_lt
+py_lt ::= "\"" | [^"\\<|\x00-\x1f] py_rest | py_esc py_rest | "<" py_lt
+py_srest ::= "'" | [^'\\<\x00-\x1f] py_srest | py_esc py_srest | "<" py_slt
+py_slt ::= "'" | [^'\\<|\x00-\x1f] py_srest | py_esc py_srest | "<" py_slt
+py_esc ::= "\\" ["'\\nrt]
 py_int ::= "-"? ("0" | [1-9] [0-9]{0,15})
 py_num ::= py_int ("." [0-9]{1,16})?
 py_bool ::= "True" | "False"
@@ -36,20 +41,24 @@ py_dict ::= "{" (py_str ":" ws1 py_any (sep py_str ":" ws1 py_any)*)? "}"
 """
 
 
-def _python(value) -> str:
-    """The Python literal of a JSON value, in the spelling the grammar writes."""
+def _python(value, quote: str = '"') -> str:
+    """The Python literal of a JSON value, strings in `quote`s."""
     if value is True or value is False or value is None:
         return {True: "True", False: "False", None: "None"}[value]
     if isinstance(value, list):
-        return "[" + ", ".join(_python(v) for v in value) + "]"
+        return "[" + ", ".join(_python(v, quote) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_python(str(k))}: {_python(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_python(str(k), quote)}: {_python(v, quote)}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and quote == "'":
+        return "'" + json.dumps(value, ensure_ascii=False)[1:-1].replace('\\"', '"').replace("'", "\\'") + "'"
     return json.dumps(value, ensure_ascii=False)
 
 
 def _literal(value) -> str:
-    """An EBNF string literal spelling the Python literal of `value` (enum / const members)."""
-    return json.dumps(_python(value), ensure_ascii=False)
+    """An EBNF expression spelling the Python literal of `value` (enum / const members, dict keys),
+    with either quote style."""
+    spellings = dict.fromkeys(json.dumps(_python(value, q), ensure_ascii=False) for q in "\"'")
+    return spellings.popitem()[0] if len(spellings) == 1 else "(" + " | ".join(spellings) + ")"
 
 
 def _kwarg_key(key: str) -> str:
@@ -57,7 +66,7 @@ def _kwarg_key(key: str) -> str:
 
 
 def _dict_key(key: str) -> str:
-    return json.dumps(json.dumps(key, ensure_ascii=False) + ":", ensure_ascii=False) + " ws1"
+    return _literal(key) + ' ":" ws1'
 
 
 class _Rules:

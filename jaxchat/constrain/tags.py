@@ -95,13 +95,50 @@ def bounded_schema(schema):
     return out
 
 
-def _json(spec: ChatFormatSpec, schema, style: str = "json") -> dict:
-    # No `excludes` here: xgrammar compiles string exclusions slowly (~0.8 s per string property);
-    # single-token markers inside strings are masked by GrammarConstraint's marker guard instead.
+def string_excludes(markers) -> list[str]:
+    """What JSON strings must not contain so that `markers` never appear in them: xgrammar's
+    `excludes`, whose compile cost grows with the total excluded length (~25 ms per character on a
+    150k vocabulary), so every marker spelled `<|...` collapses into `<|` and every `...|>` into
+    `|>` (a string may then not contain those two-character sequences at all, as LFM2's Python
+    strings already may not); other markers (`</tool_call>`, `<think>`) are excluded exactly."""
+    out = []
+    for m in dict.fromkeys(m for m in markers if m):
+        if m.startswith("<|"):
+            m = "<|"
+        elif m.endswith("|>"):
+            m = "|>"
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def _json(spec: ChatFormatSpec, schema, style: str = "json", excludes=()) -> dict:
+    """JSON (or a builtin argument style) of `schema`, bounded, with `excludes` kept out of strings."""
     fmt = {"type": "json_schema", "json_schema": bounded_schema(schema), "max_whitespace_cnt": MAX_WS}
     if style != "json":
         fmt["style"] = style
+    if excludes:
+        fmt["excludes"] = string_excludes(excludes)
     return fmt
+
+
+def argument_markers(spec: ChatFormatSpec) -> tuple[str, ...]:
+    """Markers the parser acts on inside a tool call's arguments: the call's end and the turn's stops
+    (Harmony: every message boundary)."""
+    if spec.kind == "harmony":
+        return HARMONY_MARKERS
+    return (spec.tool_end, *spec.stop_markers, *spec.extra_stops)
+
+
+def content_markers(spec: ChatFormatSpec, request: ConstraintRequest) -> tuple[str, ...]:
+    """Markers the parser acts on in the content region: the stops, the reasoning opener, and the tool
+    opener when tool calls are parsed (tools given and tool_choice not "none")."""
+    if spec.kind == "harmony":
+        return HARMONY_MARKERS
+    tools_parsed = bool(request.tools) and request.tool_choice != "none" and spec.has_tools
+    opener = spec.tool_start if tools_parsed else ""
+    reasoning = spec.reasoning_start if spec.reasoning else ""
+    return (*spec.stop_markers, *spec.extra_stops, reasoning, opener)
 
 
 def _params(tool: dict) -> dict:
@@ -114,15 +151,17 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     name = tool["function"]["name"]
     params = _params(tool)
     ts, te = spec.tool_start, spec.tool_end
+    excl = argument_markers(spec)
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
         begin = ts + '\n{"name": ' + json.dumps(name) + ', "arguments": '
-        return [_tag(begin, _json(spec, params), "}\n" + te)]
-    if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"
-        return [_tag(f"{ts}\n<function={name}>\n", _json(spec, params, "qwen_xml"), f"\n</function>\n{te}")]
+        return [_tag(begin, _json(spec, params, excludes=excl), "}\n" + te)]
+    if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"; the newline before </function> is the content's
+        # trailing whitespace, so a call without parameters may be `<function=NAME>\n</function>`
+        return [_tag(f"{ts}\n<function={name}>\n", _json(spec, params, "qwen_xml", excl), f"</function>\n{te}")]
     if spec.kind == "gemma4":  # xgrammar "gemma_4"
-        return [_tag(f"{ts}call:{name}", _json(spec, params, "gemma"), te)]
+        return [_tag(f"{ts}call:{name}", _json(spec, params, "gemma", excl), te)]
     if spec.kind == "harmony":  # xgrammar "harmony", plus the spacing gpt-oss emits
-        content = _json(spec, params)
+        content = _json(spec, params, excludes=excl)
         heads = (
             f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
             f"<|channel|>commentary to=functions.{name}<|constrain|>json<|message|>",
@@ -156,10 +195,11 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
 
 
 def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
+    excl = content_markers(spec, request)
     if request.response_format == "json_schema" and isinstance(request.json_schema, dict):
-        return _json(spec, request.json_schema)
+        return _json(spec, request.json_schema, excludes=excl)
     if request.response_format in ("json_object", "json_schema"):
-        return _json(spec, {"type": "object"})
+        return _json(spec, {"type": "object"}, excludes=excl)
     return None
 
 

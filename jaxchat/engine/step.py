@@ -18,6 +18,7 @@ Contract:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -31,8 +32,8 @@ from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 
 
 class DecodeState(NamedTuple):
-    cache_k: jax.Array
-    cache_v: jax.Array
+    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or a tuple of per-layer [max_batch, kv, S, hd]
+    cache_v: Any
     counts: jax.Array  # i32[max_batch, V]
     prompt_mask: jax.Array  # bool[max_batch, V]
 
@@ -80,7 +81,21 @@ class StepRunner:
         self.mesh = mesh
         rep = NamedSharding(mesh, P())
         n_dev, kv_heads = mesh.devices.size, cache_k.shape[3]
-        cache_sh = NamedSharding(mesh, P(None, None, None, "tp", None)) if kv_heads % n_dev == 0 else rep
+        tp = kv_heads % n_dev == 0
+        model = getattr(forward, "__self__", None)
+        # On CPU, per-layer weight and cache buffers (an unrolled layer loop) avoid XLA copying each layer's
+        # weights and cache out of the stacked arrays on every step (about 2x faster decode).
+        self.unrolled = (hasattr(model, "unstack_layers") and hasattr(model, "layer_cache")
+                         and all(d.platform == "cpu" for d in mesh.devices.flat))
+        if self.unrolled:
+            del cache_k, cache_v
+            params = model.unstack_layers(params)
+            cache_k, cache_v = model.layer_cache(self.max_batch, self.max_context)
+            cache_sh = NamedSharding(mesh, P(None, "tp", None, None)) if tp else rep
+            cache_sh = tuple(cache_sh for _ in cache_k)
+        else:
+            cache_sh = NamedSharding(mesh, P(None, None, None, "tp", None)) if tp else rep
+        self._cache_axis = 0 if self.unrolled else 1  # the batch axis of the cache arrays
         state_sh = DecodeState(cache_sh, cache_sh, rep, rep)
         param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
         self.params = jax.device_put(params, param_sh)
@@ -101,34 +116,29 @@ class StepRunner:
             in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep),
             out_shardings=(state_sh, rep),
         )
-        self._move = jax.jit(self._move_impl, donate_argnums=(0,), in_shardings=(state_sh, rep, rep),
-                             out_shardings=state_sh)
+        self._move = jax.jit(functools.partial(self._move_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
+                             in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
 
     # ---- traced programs -------------------------------------------------------------------------
     def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays):
         b = tokens.shape[0]
         full = b == self.max_batch
-        ck = state.cache_k if full else state.cache_k[:, :b]
-        cv = state.cache_v if full else state.cache_v[:, :b]
-        logits, ck, cv = self._forward(params, tokens[:, None], positions[:, None], ck, cv)
+        # The forward writes and reads cache rows 0..b-1 in place (row_offset): no copy of the rows in and out.
+        logits, ck, cv = self._forward(params, tokens[:, None], positions[:, None], state.cache_k, state.cache_v,
+                                       row_offset=0)
         counts = state.counts if full else state.counts[:b]
         pmask = state.prompt_mask if full else state.prompt_mask[:b]
         out = sample(logits[:, -1], bitmask, counts, pmask, sp, self.valid_vocab)
         counts = counts.at[jnp.arange(b), out.tokens].add((positions >= 0).astype(jnp.int32))
-        if full:
-            return DecodeState(ck, cv, counts, state.prompt_mask), out
-        return DecodeState(
-            jax.lax.dynamic_update_slice_in_dim(state.cache_k, ck, 0, axis=1),
-            jax.lax.dynamic_update_slice_in_dim(state.cache_v, cv, 0, axis=1),
-            jax.lax.dynamic_update_slice_in_dim(state.counts, counts, 0, axis=0),
-            state.prompt_mask,
-        ), out
+        if not full:
+            counts = jax.lax.dynamic_update_slice_in_dim(state.counts, counts, 0, axis=0)
+        return DecodeState(ck, cv, counts, state.prompt_mask), out
 
     def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, bitmask, sp):
-        ck = jax.lax.dynamic_slice_in_dim(state.cache_k, slot, 1, axis=1)
-        cv = jax.lax.dynamic_slice_in_dim(state.cache_v, slot, 1, axis=1)
-        logits, ck, cv = self._forward(params, tokens, positions, ck, cv)
-        last = jax.lax.dynamic_index_in_dim(logits[0], length - 1, axis=0, keepdims=True)
+        # Writes the prompt's K/V straight into row `slot`; logits only at the last prompt token.
+        logits, ck, cv = self._forward(params, tokens, positions, state.cache_k, state.cache_v, row_offset=slot,
+                                       logits_index=jnp.reshape(length - 1, (1,)))
+        last = logits[:, 0]
         v = self.vocab_size
         ids = jnp.where(positions[0] >= 0, tokens[0], v)
         pmask = jnp.zeros((1, v), jnp.bool_).at[0, ids].set(True, mode="drop")
@@ -136,19 +146,23 @@ class StepRunner:
         out = sample(last, bitmask, counts, pmask, sp, self.valid_vocab)
         counts = counts.at[0, out.tokens[0]].add(1)
         return DecodeState(
-            jax.lax.dynamic_update_slice_in_dim(state.cache_k, ck, slot, axis=1),
-            jax.lax.dynamic_update_slice_in_dim(state.cache_v, cv, slot, axis=1),
+            ck,
+            cv,
             jax.lax.dynamic_update_slice_in_dim(state.counts, counts, slot, axis=0),
             jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, pmask, slot, axis=0),
         ), out
 
     @staticmethod
-    def _move_impl(state: DecodeState, src, dst):
+    def _move_impl(state: DecodeState, src, dst, cache_axis: int = 1):
         def mv(x, axis):
             row = jax.lax.dynamic_slice_in_dim(x, src, 1, axis=axis)
             return jax.lax.dynamic_update_slice_in_dim(x, row, dst, axis=axis)
 
-        return DecodeState(mv(state.cache_k, 1), mv(state.cache_v, 1), mv(state.counts, 0), mv(state.prompt_mask, 0))
+        def mv_cache(c):
+            return jax.tree.map(lambda x: mv(x, cache_axis), c)
+
+        return DecodeState(mv_cache(state.cache_k), mv_cache(state.cache_v), mv(state.counts, 0),
+                           mv(state.prompt_mask, 0))
 
     # ---- host entry points ----------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:

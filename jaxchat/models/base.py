@@ -20,7 +20,8 @@ Contract:
   (prefill needs one position, not the whole bucket).
 - Fast layout (what the engine uses on CPU): `unstack_layers(params)` splits the stacked layers into
   a tuple of per-layer dicts (zero-copy on one CPU device) and `layer_cache(config, B, S)` gives
-  per-layer caches: tuples of num_layers arrays [B, num_kv_heads, S, head_dim]. With these the
+  per-layer caches: tuples of num_layers arrays, keys [B, num_kv_heads, head_dim, S] (transposed)
+  and values [B, num_kv_heads, S, head_dim]. With these the
   forward is a Python loop over layers (no per-layer dynamic slice of weights or cache, which XLA on
   CPU copies) and returns the caches as tuples. Stacked params with the stacked cache scan the layers
   (compact program, preferred on accelerators).
@@ -178,12 +179,13 @@ def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
 
 
 def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
-    """Zeroed per-layer caches: (tuple of num_layers [batch, num_kv_heads, max_len, head_dim], same for v)."""
+    """Zeroed per-layer caches: keys, a tuple of num_layers [batch, num_kv_heads, head_dim, max_len] (stored
+    transposed, so decode attention is a plain batched matmul), and values, [batch, num_kv_heads, max_len, head_dim]."""
     import jax.numpy as jnp
 
-    shape = (batch, config.num_kv_heads, max_len, config.head_dim)
-    return (tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-            tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)))
+    kv, hd = config.num_kv_heads, config.head_dim
+    return (tuple(jnp.zeros((batch, kv, hd, max_len), dtype) for _ in range(config.num_layers)),
+            tuple(jnp.zeros((batch, kv, max_len, hd), dtype) for _ in range(config.num_layers)))
 
 
 def unstack_layers(params: dict) -> dict:
@@ -203,7 +205,8 @@ def unstack_layers(params: dict) -> dict:
         devs = x.sharding.device_set if isinstance(x, jax.Array) else set()
         if len(devs) == 1 and next(iter(devs)).platform == "cpu":
             view = np.asarray(x)  # shares the buffer; device_put of an aligned view is zero-copy on CPU
-            return [jax.device_put(view[i], x.sharding) for i in range(n)]
+            dev = jax.sharding.SingleDeviceSharding(next(iter(devs)))
+            return [jax.device_put(view[i], dev) for i in range(n)]
         return [x[i] for i in range(n)]
 
     per_leaf = [split(x) for x in leaves]

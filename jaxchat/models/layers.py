@@ -128,17 +128,21 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache, keys, values = kv_io(cache, k, v, positions, at)
         b, t = positions.shape
-        kv_major = at[2]
-        kvh = k.shape[2]
-        qg = q.reshape(b, t, kvh, self.groups, q.shape[-1])
-        kspec = "bksd" if kv_major else "bskd"
-        scores = jnp.einsum(f"btkgd,{kspec}->bkgts", qg, keys.astype(q.dtype),
-                            preferred_element_type=jnp.float32) * self.scale
+        kvh, hd, g = k.shape[2], q.shape[-1], self.groups
+        if not at[2]:  # [B, S, KV, D] -> keys [B, KV, D, S], values [B, KV, S, D]
+            keys, values = keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3)
+        # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims
+        qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
+        batch = ((0, 1), (0, 1))
+        scores = jax.lax.dot_general(qg, keys.astype(q.dtype), (((3,), (2,)), batch),
+                                     preferred_element_type=jnp.float32) * self.scale  # [B, KV, G*T, S]
         if self.softcap is not None:
             scores = jnp.tanh(scores / self.softcap) * self.softcap
+        scores = scores.reshape(b, kvh, g, t, -1)
         scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum(f"bkgts,{kspec}->btkgd", probs, values).reshape(b, t, -1, q.shape[-1])
+        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(b, kvh, g * t, -1)
+        out = jax.lax.dot_general(probs, values, (((3,), (2,)), batch))  # [B, KV, G*T, D]
+        out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, hd)
         out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
         return out, cache
 
@@ -147,14 +151,14 @@ def kv_io(cache, k, v, positions, at):
     """Write the new k/v [B, T, KV, D] into the cache and return (cache, keys, values) of the B rows.
 
     `at = (layer, row_offset, kv_major)`: `layer` indexes a stacked cache [L, Bc, S, KV, D] (None: the
-    cache is one layer's [Bc, KV, S, D] when kv_major, else [Bc, S, KV, D]); the B token rows are the cache
-    rows row_offset .. row_offset + B - 1. Padding positions (< 0) write nothing.
+    cache is one layer's, keys [Bc, KV, D, S] and values [Bc, KV, S, D] when kv_major, else both
+    [Bc, S, KV, D]); the B token rows are the cache rows row_offset .. row_offset + B - 1. Padding
+    positions (< 0) write nothing. Returned keys/values are [B, KV, D, S] / [B, KV, S, D] when kv_major.
     """
     layer, row_offset, kv_major = at
     ck, cv = cache
     b, t = positions.shape
-    s_axis = 2 if kv_major else (2 if layer is not None else 1)
-    s = ck.shape[s_axis]
+    s = cv.shape[2] if (kv_major or layer is not None) else cv.shape[1]
     rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None] + row_offset, (b, t))
     cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
     k, v = k.astype(ck.dtype), v.astype(cv.dtype)
@@ -163,7 +167,7 @@ def kv_io(cache, k, v, positions, at):
         cv = cv.at[layer, rows, cols].set(v, mode="drop")
         keys, values = ck[layer], cv[layer]
     elif kv_major:
-        ck = ck.at[rows, :, cols].set(k, mode="drop")
+        ck = ck.at[rows, :, :, cols].set(k, mode="drop")  # keys stored transposed: [Bc, KV, D, S]
         cv = cv.at[rows, :, cols].set(v, mode="drop")
         keys, values = ck, cv
     else:
@@ -263,7 +267,7 @@ class CausalLM(nnx.Module):
         x = jnp.take(table, tokens, axis=0)
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        s = (cache_k[0].shape[2]) if isinstance(cache_k, (tuple, list)) else cache_k.shape[2]
+        s = cache_v[0].shape[2] if isinstance(cache_v, (tuple, list)) else cache_v.shape[2]
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob

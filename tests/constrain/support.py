@@ -1,11 +1,19 @@
 """Test support: vocabularies with a GrammarEngine, the request table, and the seeded random walk.
 
 The walk picks a uniformly random allowed token each step until the grammar terminates, the model
-would stop (an end-of-turn token), or `max_steps`. Stated bias towards termination: with
-probability `P_MARKER` a step emits a whole format marker (tool opener, tool end, reasoning end,
-an end-of-turn token, chosen half the time when allowed) if the grammar allows its first token, and with probability `P_CLOSE` it
-picks uniformly among the allowed tokens made only of closing punctuation (`"}]),` and spaces).
-Without it free text would run for ~10^5 tokens before an end-of-turn token came up.
+would stop (an end-of-turn token), or `max_steps`. Stated bias towards termination (without it free
+text would run for ~10^5 tokens before an end-of-turn token came up, and nested JSON would nest
+deeper about as often as it closed):
+- with probability `P_MARKER` a step emits a whole format marker (tool opener, tool end, reasoning
+  end, an end-of-turn token, chosen half the time when allowed) if the grammar allows its first
+  token, and with probability `P_CLOSE` it picks uniformly among the allowed tokens made only of
+  closing punctuation (`"}]),` and spaces);
+- after `LATE` steps, with probability `P_LATE` a step emits a whole closing sequence (`"`, `'`,
+  `}`, `]`, `)`, the format's end markers and end-of-turn tokens, the argument syntax's closing
+  tags) that the grammar accepts, preferring one after which plain text cannot follow (it closed a
+  structure rather than being text inside one), uniformly among those.
+Every token is still one the grammar allows, so the bias changes which outputs are sampled, never
+whether they are valid.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from jaxchat.constrain import GrammarEngine
 
 P_MARKER = 0.12
 P_CLOSE = 0.2
+LATE = 150
+P_LATE = 0.8
 _CLOSERS = set('"}]), \n')
 
 
@@ -128,7 +138,7 @@ def _bit(row: np.ndarray, i: int) -> bool:
 
 
 def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Generator, max_steps: int,
-         reasoning_end: list[int] | None = None):
+         reasoning_end: list[int] | None = None, closing: list[list[int]] = ()):
     """Returns (token ids, finished) where finished means terminated or an end-of-turn token."""
     n = vocab.engine.vocab_size
     row = np.zeros((n + 31) // 32, dtype=np.int32)
@@ -142,29 +152,65 @@ def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Gene
         if queue and _bit(row, queue[0]):
             token = queue.pop(0)
         else:
-            queue = []
-            allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:n])
-            assert allowed.size, f"empty mask after {vocab.decode(ids)!r}"
-            r = rng.random()
-            starts = [m for m in markers if _bit(row, m[0]) and _structural(vocab, constraint, m)] if r < P_MARKER else []
-            if reasoning_end and not _in_reasoning(vocab, constraint, ids, reasoning_end):
-                starts = [m for m in starts if m != reasoning_end]
-            close = allowed[closers[allowed]] if P_MARKER <= r < P_MARKER + P_CLOSE else allowed[:0]
-            ends = [m for m in starts if m[0] in vocab.stops]
-            if ends and rng.random() < 0.5:
-                starts = ends
-            if starts:
-                queue = list(starts[rng.integers(len(starts))])
+            queue = _closing(vocab, constraint, row, closing, rng) if len(ids) >= LATE and rng.random() < P_LATE else []
+            if queue:
                 token = queue.pop(0)
-            elif close.size:
-                token = int(close[rng.integers(close.size)])
             else:
-                token = int(allowed[rng.integers(allowed.size)])
+                token = _step(vocab, constraint, row, markers, closers, ids, rng, reasoning_end, queue)
         assert constraint.accept(token), f"accepted token {token} rejected after {vocab.decode(ids)!r}"
         ids.append(token)
         if token in vocab.stops:
             return ids, True
     return ids, False
+
+
+def _step(vocab, constraint, row, markers, closers, ids, rng, reasoning_end, queue) -> int:
+    """One early-phase step (uniform, or a marker / closing punctuation with the stated odds)."""
+    n = vocab.engine.vocab_size
+    allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:n])
+    assert allowed.size, f"empty mask after {vocab.decode(ids)!r}"
+    r = rng.random()
+    starts = [m for m in markers if _bit(row, m[0]) and _structural(vocab, constraint, m)] if r < P_MARKER else []
+    if reasoning_end and not _in_reasoning(vocab, constraint, ids, reasoning_end):
+        starts = [m for m in starts if m != reasoning_end]
+    close = allowed[closers[allowed]] if P_MARKER <= r < P_MARKER + P_CLOSE else allowed[:0]
+    ends = [m for m in starts if m[0] in vocab.stops]
+    if ends and rng.random() < 0.5:
+        starts = ends
+    if starts:
+        queue.extend(starts[rng.integers(len(starts))])
+        return queue.pop(0)
+    if close.size:
+        return int(close[rng.integers(close.size)])
+    return int(allowed[rng.integers(allowed.size)])
+
+
+def _closing(vocab, constraint, row, closing, rng) -> list[int]:
+    """A closing sequence the grammar accepts whole (one that ends a structure when there is one)."""
+    fits, ends = [], []
+    for seq in closing:
+        if not _bit(row, seq[0]):
+            continue
+        text_follows = _text_follows(vocab, constraint, seq)
+        if text_follows is None:
+            continue
+        fits.append(seq)
+        if not text_follows:
+            ends.append(seq)
+    pick = ends or fits
+    return list(pick[rng.integers(len(pick))]) if pick else []
+
+
+def _text_follows(vocab: Vocab, constraint, seq: list[int]) -> bool | None:
+    """None when the grammar rejects `seq`; else whether plain text (the canary) may follow it."""
+    matcher = constraint.matcher.fork()
+    if not all(matcher.accept_token(t) for t in seq):
+        return None
+    if matcher.is_terminated():
+        return False
+    row = np.zeros((vocab.engine.vocab_size + 31) // 32, dtype=np.int32)
+    matcher.fill_next_token_bitmask(row.reshape(1, -1))
+    return _bit(row, vocab.canary)
 
 
 def _in_reasoning(vocab: Vocab, constraint, ids, end: list[int]) -> bool:
@@ -177,20 +223,28 @@ def _in_reasoning(vocab: Vocab, constraint, ids, end: list[int]) -> bool:
 def _structural(vocab: Vocab, constraint, seq: list[int]) -> bool:
     """A single-token marker is always structural (the marker guard keeps it out of strings); a
     spelled-out one only when plain text cannot follow it (so not inside a string)."""
-    if len(seq) == 1:
-        return True
-    matcher = constraint.matcher.fork()
-    if not all(matcher.accept_token(t) for t in seq):
-        return False
-    row = np.zeros((vocab.engine.vocab_size + 31) // 32, dtype=np.int32)
-    matcher.fill_next_token_bitmask(row.reshape(1, -1))
-    return not _bit(row, vocab.canary)
+    return len(seq) == 1 or _text_follows(vocab, constraint, seq) is False
 
 
 def marker_sequences(vocab: Vocab, spec) -> list[list[int]]:
     found = [spec.tool_start, spec.tool_end, spec.reasoning_end]
     if spec.kind == "harmony":
         found += ["<|start|>assistant", "<|channel|>final<|message|>"]
+    seqs = [vocab.encode(m) for m in dict.fromkeys(m for m in found if m)]
+    return [s for s in seqs if s] + [[t] for t in vocab.stops]
+
+
+# Closing tags of the argument syntaxes, per format kind (besides the spec's markers).
+_CLOSING_TAGS = {
+    "qwen_xml": ("\n</parameter>", "</parameter>", "\n</function>", "</function>"),
+    "gemma4": ('<|"|>',),
+    "harmony": ("<|end|>", "<|return|>", "<|call|>"),
+}
+
+
+def closing_sequences(vocab: Vocab, spec) -> list[list[int]]:
+    """Token sequences that close something: JSON/Python closers, end markers, end-of-turn tokens."""
+    found = ['"', "'", "}", "]", ")", spec.tool_end, spec.reasoning_end, *_CLOSING_TAGS.get(spec.kind, ())]
     seqs = [vocab.encode(m) for m in dict.fromkeys(m for m in found if m)]
     return [s for s in seqs if s] + [[t] for t in vocab.stops]
 

@@ -78,24 +78,26 @@ class FakeModel:
             "head": jnp.asarray(r.normal(size=(d, v)) * 2, jnp.float32),
         }
 
-    def forward(self, params, tokens, positions, cache_k, cache_v):
+    def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None):
         c = self.config
         b, t = tokens.shape
         s = cache_k.shape[2]
         x = params["embed"][tokens]
         k = (x @ params["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim)
         v = (x @ params["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
-        rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+        rows = jnp.broadcast_to(jnp.arange(b)[:, None] + row_offset, (b, t))
         pos = jnp.where(positions >= 0, positions, s)
         cache_k = cache_k.at[:, rows, pos].set(jnp.broadcast_to(k, (c.num_layers, b, t) + k.shape[2:]), mode="drop")
         cache_v = cache_v.at[:, rows, pos].set(jnp.broadcast_to(v, (c.num_layers, b, t) + v.shape[2:]), mode="drop")
-        keys = cache_k[-1].reshape(b, s, -1)
-        vals = cache_v[-1].reshape(b, s, -1)
+        keys = jax.lax.dynamic_slice_in_dim(cache_k[-1], row_offset, b, axis=0).reshape(b, s, -1)
+        vals = jax.lax.dynamic_slice_in_dim(cache_v[-1], row_offset, b, axis=0).reshape(b, s, -1)
         q = x @ params["wq"]
         scores = jnp.einsum("btd,bsd->bts", q, keys) / np.sqrt(c.hidden_size)
         visible = jnp.arange(s)[None, None, :] <= positions[:, :, None]
         scores = jnp.where(visible, scores, -1e30)
         h = x + jnp.einsum("bts,bsd->btd", jax.nn.softmax(scores, axis=-1), vals)
+        if logits_index is not None:
+            h = jnp.take_along_axis(h, logits_index[:, None, None], axis=1)
         return (h @ params["head"]).astype(jnp.float32), cache_k, cache_v
 
     def partition_specs(self, mesh):

@@ -95,7 +95,7 @@ SHARDED = textwrap.dedent("""
         mesh = make_mesh(devs)
         e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=32, mesh=mesh, start=False)
         out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
-        out[name + "_cache_spec"] = str(e.runner.state.cache_k.sharding.spec)
+        out[name + "_cache_spec"] = str(jax.tree.leaves(e.runner.state.cache_k)[0].sharding.spec)
     print(json.dumps(out))
 """)
 

@@ -33,8 +33,8 @@ def nan_hook(forward):
 
     lo, hi = NAN_POSITIONS
 
-    def forward_with_nan_rows(params, tokens, positions, cache_k, cache_v):
-        logits, cache_k, cache_v = forward(params, tokens, positions, cache_k, cache_v)
+    def forward_with_nan_rows(params, tokens, positions, cache_k, cache_v, *args, **kwargs):
+        logits, cache_k, cache_v = forward(params, tokens, positions, cache_k, cache_v, *args, **kwargs)
         bad = (positions >= lo) & (positions < hi)
         return jnp.where(bad[..., None], jnp.nan, logits), cache_k, cache_v
 

@@ -106,3 +106,67 @@ def test_fuzzed_bad_input_live_real_service(real_service, idle_engine):
     assert counts["sent"] >= 1000 and counts["5xx"] == 0 and counts["4xx"] == counts["sent"]
     assert stats["running"] == 0 and stats["waiting"] == 0 and leaked_slots(stats) == 0
     assert stats["compiles_after_warmup"] == 0
+
+
+# ---- malformed JSON schemas: a 4xx, never a 500 (a 500 makes the openai SDK retry) ------------------------
+SCHEMA_KEYWORDS = ["type", "properties", "items", "required", "enum", "minLength", "maximum", "pattern", "anyOf",
+                   "allOf", "$ref", "additionalProperties", "const", "minItems", "format"]
+any_json = st.recursive(
+    st.one_of(st.booleans(), st.integers(-5, 5), st.text(max_size=6), st.none()),
+    lambda inner: st.lists(inner, max_size=2) | st.dictionaries(st.sampled_from(SCHEMA_KEYWORDS + ["a"]), inner,
+                                                                max_size=2),
+    max_leaves=4,
+)
+
+
+@st.composite
+def schema_bodies(draw) -> dict:
+    schema = {"type": "object", "properties": {"a": {draw(st.sampled_from(SCHEMA_KEYWORDS)): draw(any_json)}}}
+    if draw(st.booleans()):
+        schema = {draw(st.sampled_from(SCHEMA_KEYWORDS)): draw(any_json)}
+    body = {"messages": [USER], "max_tokens": 1, "temperature": 0, "stream": draw(st.booleans())}
+    if draw(st.booleans()):
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    else:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": schema}}}}]
+        body["tool_choice"] = draw(st.sampled_from(["auto", "required"]))
+    return body
+
+
+def test_malformed_json_schema_contents_are_4xx_not_500(real_service, live_real, idle_engine):
+    """Schemas with wrong types inside (`{"type": "object", "properties": 5}`, `{"type": "strnig"}`,
+    `{"pattern": "("}`, ...) in `response_format` or in tool parameters: a 400 naming the field, or accepted;
+    never a 500. Minimal reproducer: POST /v1/chat/completions {"messages": [{"role": "user", "content": "x"}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "strnig"}}}}."""
+    counts: Counter = Counter()
+    fivehundreds: list = []
+    fixed = [{"type": "object", "properties": 5}, {"type": "strnig"}, {"pattern": "(", "type": "string"},
+             {"type": "object", "properties": {"a": 5}}, {"enum": 5}]
+    bodies = [{"messages": [USER], "max_tokens": 1, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": s}}} for s in fixed]
+    with httpx.Client(base_url=live_real.base_url, timeout=60) as client:
+
+        def send(body: dict) -> None:
+            r = client.post("/v1/chat/completions", json=body)
+            counts["sent"] += 1
+            counts[f"{r.status_code // 100}xx"] += 1
+            if r.status_code >= 500:
+                fivehundreds.append(json.dumps(body)[:200])
+            elif r.status_code != 200:
+                check_error_body(r.json(), "schema")
+
+        for body in bodies:
+            send(body)
+
+        @settings(max_examples=120, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(schema_bodies())
+        def run(body):
+            send(body)
+
+        run()
+    stats = wait_idle(real_service.engine)
+    report("malformed schemas", counts, leaked_slots=leaked_slots(stats), examples_500=fivehundreds[:3])
+    assert leaked_slots(stats) == 0
+    assert counts["5xx"] == 0, f"{counts['5xx']} schemas answered 500, e.g. {fivehundreds[:5]}"

@@ -1,0 +1,328 @@
+"""End-to-end serving benchmark: `jaxchat serve` driven by the async `openai` SDK, constrained vs not.
+
+Starts `jaxchat serve` as a subprocess on a free 127.0.0.1 port and, for each concurrency level
+(closed loop: that many requests in flight at all times), streams a fixed chat request with greedy
+decoding and a fixed length (`max_tokens`, `ignore_eos: true`). It measures
+
+- output tokens/s (all completion tokens of the level / its wall time),
+- time to first token (request sent -> first chunk carrying text or a tool call), p50 / p99,
+- time per output token ((last chunk - first token) / (completion tokens - 1)), p50 / p99,
+
+first unconstrained, then the same load with every request constrained (`--constraint json`: a
+`json_schema` response format; `--constraint tools`: `tool_choice: "required"`), and prints the ratio
+constrained / unconstrained of tokens/s per level (target >= 0.95). Both modes use the same messages;
+in `json` mode the prompts are token for token the same. A constraint ends a request early when
+its grammar completes, so the table also shows the mean tokens per request of each mode.
+
+Writes `serve.json` (config, per-level figures, ratios) and `serve.png` into `--out`.
+
+    python bench/serve.py [--model PATH] [--concurrency 1,4,16] [--max-tokens 16]
+                          [--requests-per-level N] [--constraint json|tools] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MESSAGES = [{"role": "user", "content": "Write a long story about a robot who learns to paint. "
+                                        "Reply in JSON with a title and the story."}]
+STORY_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
+    "required": ["title", "story"],
+    "additionalProperties": False,
+}
+NOTE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "save_story",
+        "description": "Save a story",
+        "parameters": {"type": "object", "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
+                       "required": ["title", "story"]},
+    },
+}
+
+
+def constraint_fields(kind: str) -> dict:
+    if kind == "json":
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "story", "schema": STORY_SCHEMA, "strict": True}}}
+    if kind == "tools":
+        return {"tools": [NOTE_TOOL], "tool_choice": "required"}
+    raise ValueError(f"--constraint must be json or tools, not {kind!r}")
+
+
+@dataclass
+class Sample:
+    ttft: float
+    tpot: float | None
+    tokens: int
+
+
+@dataclass
+class Level:
+    mode: str
+    concurrency: int
+    requests: int
+    wall_s: float = 0.0
+    output_tokens: int = 0
+    samples: list[Sample] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        ttft = [s.ttft for s in self.samples]
+        tpot = [s.tpot for s in self.samples if s.tpot is not None]
+
+        def pct(xs, q):
+            return float(np.percentile(xs, q)) if xs else float("nan")
+
+        return {
+            "mode": self.mode, "concurrency": self.concurrency, "requests": self.requests,
+            "wall_s": self.wall_s, "output_tokens": self.output_tokens,
+            "output_tokens_per_s": self.output_tokens / self.wall_s if self.wall_s else 0.0,
+            "mean_tokens_per_request": self.output_tokens / max(1, len(self.samples)),
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+            "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+        }
+
+
+# ---- the server ---------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, port: int, log_path: Path) -> subprocess.Popen:
+    exe = shutil.which("jaxchat", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "jaxchat.cli"]
+    cmd += ["serve", "--host", "127.0.0.1", "--port", str(port), "--max-batch", str(args.max_batch),
+            "--max-context", str(args.max_context), "--log-level", "warning"]
+    if args.model:
+        cmd += ["--model", args.model]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    with open(log_path, "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, log_path: Path, timeout: float) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"jaxchat serve exited with {proc.returncode}; its log:\n{log_path.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"jaxchat serve was not healthy after {timeout:.0f} s; see {log_path}")
+
+
+def stop_server(proc: subprocess.Popen) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+# ---- the load -----------------------------------------------------------------------------------------
+
+async def one_request(client, model: str, fields: dict, max_tokens: int) -> Sample:
+    t0 = time.perf_counter()
+    first = last = None
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **fields},
+    )
+    async for chunk in stream:
+        now = time.perf_counter()
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            d = choice.delta
+            if d.content or d.tool_calls or getattr(d, "reasoning_content", None):
+                first = first or now
+                last = now
+            if choice.finish_reason:
+                last = now
+    if first is None:
+        raise RuntimeError("a request streamed no text")
+    tpot = (last - first) / (tokens - 1) if tokens > 1 else None
+    return Sample(first - t0, tpot, tokens)
+
+
+async def run_level(client, model: str, level: Level, fields: dict, max_tokens: int, bar) -> None:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(level.requests):
+        queue.put_nowait(i)
+
+    async def worker():
+        while True:
+            try:
+                queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            sample = await one_request(client, model, fields, max_tokens)
+            level.samples.append(sample)
+            level.output_tokens += sample.tokens
+            bar.update(1)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(level.concurrency)))
+    level.wall_s = time.perf_counter() - t0
+
+
+async def drive(args, port: int) -> tuple[str, list[Level]]:
+    from openai import AsyncOpenAI
+    from tqdm import tqdm
+
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0, timeout=1800)
+    model = (await client.models.list()).data[0].id
+    constrained = constraint_fields(args.constraint)
+    # warm-up: one request per mode (the grammar is compiled and cached on its first use)
+    for fields in ({}, constrained):
+        await one_request(client, model, fields, 4)
+    levels = []
+    for c in args.concurrency:
+        n = args.requests_per_level or max(4, 2 * c)
+        levels += [Level("unconstrained", c, n), Level(args.constraint, c, n)]
+    with tqdm(total=sum(lv.requests for lv in levels), unit="req", desc="serve bench") as bar:
+        for level in levels:
+            bar.set_postfix_str(f"{level.mode} c={level.concurrency}")
+            fields = {} if level.mode == "unconstrained" else constrained
+            await run_level(client, model, level, fields, args.max_tokens, bar)
+    await client.close()
+    return model, levels
+
+
+# ---- report -------------------------------------------------------------------------------------------
+
+def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
+    lines = [f"{'mode':<14}{'conc':>5}{'reqs':>6}{'tok/req':>8}{'tok/s':>9}"
+             f"{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"]
+    for s in summaries:
+        lines.append(f"{s['mode']:<14}{s['concurrency']:>5}{s['requests']:>6}{s['mean_tokens_per_request']:>8.1f}"
+                     f"{s['output_tokens_per_s']:>9.2f}{s['ttft_p50_s']:>9.2f}s{s['ttft_p99_s']:>9.2f}s"
+                     f"{s['tpot_p50_s'] * 1e3:>8.0f}ms{s['tpot_p99_s'] * 1e3:>8.0f}ms")
+    ratios = []
+    lines.append("")
+    lines.append(f"constrained ({constraint}) / unconstrained, per concurrency (target >= 0.95):")
+    by = {(s["mode"], s["concurrency"]): s for s in summaries}
+    for c in sorted({s["concurrency"] for s in summaries}):
+        u, k = by[("unconstrained", c)], by[(constraint, c)]
+        r = {"concurrency": c,
+             "tokens_per_s": k["output_tokens_per_s"] / u["output_tokens_per_s"],
+             "tpot_p50": u["tpot_p50_s"] / k["tpot_p50_s"]}
+        ratios.append(r)
+        ok = "ok" if r["tokens_per_s"] >= 0.95 else "BELOW TARGET"
+        lines.append(f"  c={c:<3} tokens/s ratio {r['tokens_per_s']:.3f} ({ok}); "
+                     f"per-token speed ratio (TPOT p50 unconstrained / constrained) {r['tpot_p50']:.3f}")
+    return "\n".join(lines), ratios
+
+
+def plot(summaries: list[dict], constraint: str, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    panels = [("output_tokens_per_s", "output tokens/s", 1), ("ttft_p50_s", "TTFT p50 (s)", 1),
+              ("tpot_p50_s", "TPOT p50 (ms)", 1e3)]
+    for ax, (key, label, scale) in zip(axes, panels, strict=True):
+        for mode, marker in (("unconstrained", "o-"), (constraint, "s--")):
+            rows = [s for s in summaries if s["mode"] == mode]
+            ax.plot([s["concurrency"] for s in rows], [s[key] * scale for s in rows], marker, label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({s["concurrency"] for s in summaries}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="HF dir, .gguf or orbax checkpoint (default: the default model)")
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    p.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (eos ignored)")
+    p.add_argument("--requests-per-level", type=int, default=None,
+                   help="requests per level and mode (default: 2 x concurrency, at least 4)")
+    p.add_argument("--constraint", choices=("json", "tools"), default="json",
+                   help="json: a json_schema response format; tools: tool_choice required")
+    p.add_argument("--max-batch", type=int, default=None, help="server slots (default: the largest concurrency)")
+    p.add_argument("--max-context", type=int, default=512, help="server context per sequence")
+    p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = p.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if not args.concurrency or min(args.concurrency) < 1 or args.max_tokens < 2:
+        p.error("--concurrency needs positive levels and --max-tokens at least 2")
+    args.max_batch = args.max_batch or max(args.concurrency)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    t_start = time.perf_counter()
+    port = free_port()
+    log_path = out / "serve.log"
+    proc = start_server(args, port, log_path)
+    try:
+        ready_s = wait_healthy(proc, port, log_path, args.startup_timeout)
+        print(f"jaxchat serve ready in {ready_s:.0f} s (port {port}, max batch {args.max_batch}, "
+              f"context {args.max_context})", flush=True)
+        model, levels = asyncio.run(drive(args, port))
+    finally:
+        code = stop_server(proc)
+    summaries = [lv.summary() for lv in levels]
+    text, ratios = report(summaries, args.constraint)
+    total = time.perf_counter() - t_start
+    print(f"\nmodel {model}, {args.max_tokens} output tokens per request (ignore_eos), greedy, streaming\n")
+    print(text)
+    print(f"\ntotal {total:.0f} s (server start {ready_s:.0f} s); server exit code {code}")
+    result = {
+        "benchmark": "serve", "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "model": model, "config": {k: v for k, v in vars(args).items()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "server_ready_s": ready_s, "total_s": total, "server_exit_code": code,
+        "levels": summaries, "ratios": ratios,
+        "samples": {f"{lv.mode}@{lv.concurrency}": [asdict(s) for s in lv.samples] for lv in levels},
+    }
+    (out / "serve.json").write_text(json.dumps(result, indent=2))
+    plot(summaries, args.constraint, out / "serve.png",
+         f"jaxchat serve, {model}, {args.max_tokens} tokens/request, constrained = {args.constraint}")
+    print(f"wrote {out / 'serve.json'} and {out / 'serve.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
