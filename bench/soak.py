@@ -56,7 +56,7 @@ def soak_request(i: int) -> tuple[str, dict, str]:
                                         "seed": i}, "chat"
     if k == 2:
         return "/v1/chat/completions", {"messages": user(f"Weather {i}?"), "tools": [WEATHER, TIME],
-                                        "tool_choice": "required", "max_tokens": 40, "stream": True,
+                                        "tool_choice": "required", "max_tokens": 64, "stream": True,
                                         "temperature": 0}, "tools"
     if k == 3:
         return "/v1/chat/completions", {"messages": user(f"Verdict {i}"), "response_format": json_schema_format(

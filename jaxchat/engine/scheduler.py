@@ -202,8 +202,10 @@ class Scheduler:
         """Feed one token through constraint, stop checks and detokeniser; may fill the next mask."""
         req, s = seq.req, seq.req.sampling
         c = req.constraint
-        if c is not None and not c.accept(tok):
-            raise RuntimeError(f"constraint rejected token {tok}")
+        if c is not None:
+            # False means the grammar rejected the token: the constraint has given up (and logged
+            # it), masks all ones from now on, and the request goes on unconstrained.
+            c.accept(tok)
         if tok in seq.stop_ids:
             return self._flush(seq), "stop", tok
         text, stop = seq.stops.push(seq.detok.add(tok) if seq.detok is not None else "")

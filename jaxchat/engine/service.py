@@ -37,6 +37,25 @@ log = logging.getLogger("jaxchat")
 PROMPT_TAIL_TOKENS = 32
 
 
+def _generation_failed() -> dict:
+    """The error item of a stream whose generation failed; details stay in the server log."""
+    return {"error": {"message": "generation failed", "type": "server_error", "param": None, "code": None}}
+
+
+def check_schemas(request) -> None:
+    """Every JSON schema of the request is a valid schema (a 400 naming it otherwise)."""
+    import jsonschema
+
+    schemas = [(f"tools[{i}].function.parameters", t["function"]["parameters"]) for i, t in enumerate(request.tools)]
+    if request.response_format == "json_schema" and request.json_schema is not None:
+        schemas.append(("response_format.json_schema.schema", request.json_schema))
+    for param, schema in schemas:
+        try:
+            jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise RequestError(param, f"invalid JSON schema: {exc.message}") from None
+
+
 @dataclass
 class PreparedChat:
     prompt_ids: list[int]
@@ -78,6 +97,7 @@ class ChatService:
     # ---- preparing a request -------------------------------------------------------------------------
     def prepare_chat(self, body: dict) -> PreparedChat:
         request = chat_constraint_request_from_openai(body)
+        check_schemas(request)
         tools = list(request.tools)
         if tools and not self.tools_enabled:
             if request.tool_choice == "required":
@@ -128,7 +148,13 @@ class ChatService:
     def _constraint(self, prepared: PreparedChat):
         if self.grammar is None:
             return None
-        return self.grammar.make(self.spec, prepared.request, prepared.prefill, tools_enabled=self.tools_enabled)
+        try:
+            return self.grammar.make(self.spec, prepared.request, prepared.prefill, tools_enabled=self.tools_enabled)
+        except RequestError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # xgrammar cannot compile what the request asks for
+            param = "response_format" if prepared.request.response_format != "text" and not prepared.request.tools else "tools"
+            raise RequestError(param, f"the request's JSON schemas cannot be compiled into a grammar: {exc}") from None
 
     def _requests(self, prepared: PreparedChat) -> list[GenerationRequest]:
         out = []
@@ -167,7 +193,7 @@ class ChatService:
             if out.finished:
                 finish = out.finish_reason
                 if finish == "error":
-                    raise RuntimeError(out.error or "generation failed")
+                    raise RuntimeError(f"generation failed: {out.error}")  # logged by the server, never sent
         return "".join(parts), finish, n_tokens, logprobs
 
     def _count_tokens(self, text: str) -> int:
@@ -189,7 +215,7 @@ class ChatService:
             while done < len(requests):
                 index, out = await queue.get()
                 if isinstance(out, BaseException):
-                    yield {"error": {"message": "generation failed", "type": "server_error", "param": None, "code": None}}
+                    yield _generation_failed()
                     return
                 stream = streams[index]
                 deltas = stream.update(out.text, out.finished and out.finish_reason != "error")
@@ -201,7 +227,8 @@ class ChatService:
                     continue
                 done += 1
                 if out.finish_reason == "error":
-                    yield {"error": {"message": out.error or "generation failed", "type": "server_error", "param": None, "code": None}}
+                    log.error("request failed: %s", out.error)
+                    yield _generation_failed()
                     return
                 completion_tokens += out.num_generated_tokens
                 reasoning_tokens += self._count_tokens(stream.parsed.reasoning_content)
@@ -251,7 +278,8 @@ class ChatService:
         generated = 0
         async for out in self.engine.generate(GenerationRequest(list(ids), sampling)):
             if out.finished and out.finish_reason == "error":
-                yield {"error": {"message": out.error or "generation failed", "type": "server_error", "param": None, "code": None}}
+                log.error("request failed: %s", out.error)
+                yield _generation_failed()
                 return
             generated = out.num_generated_tokens or generated
             choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason if out.finished else None}

@@ -12,6 +12,12 @@ Contract:
   masked sampler.  `move(src, dst)` copies one slot's rows (used to keep active slots compact).
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket (with non-trivial masks and
   sampling parameters); after it, no call compiles anything.  Sampling parameters are arrays.
+- The forward writes and reads the cache rows in place (`row_offset`: decode uses rows 0..b-1 of the full
+  cache, prefill row `slot`), and prefill asks for the last prompt token's logits only (`logits_index`).
+- On CPU, when the forward belongs to a model with `unstack_layers`/`layer_cache` (`jaxchat.models`), the
+  runner holds per-layer weights (zero-copy views) and a per-layer cache, so the forward unrolls the layer
+  loop: XLA on CPU copies a layer's weights out of a stacked array on every step otherwise.  On accelerators
+  the stacked params and cache are scanned (one compact program, no extra weight memory).
 - Sharding: params keep the shardings they arrive with; the cache is sharded over kv heads on the mesh
   axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
 """
@@ -32,8 +38,8 @@ from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 
 
 class DecodeState(NamedTuple):
-    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or a tuple of per-layer [max_batch, kv, S, hd]
-    cache_v: Any
+    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or (CPU) a tuple of per-layer [max_batch, kv, hd, S]
+    cache_v: Any  # stacked like cache_k, or (CPU) a tuple of per-layer [max_batch, kv, S, hd]
     counts: jax.Array  # i32[max_batch, V]
     prompt_mask: jax.Array  # bool[max_batch, V]
 

@@ -3,8 +3,9 @@
 For each format x tool_choice mode x response_format (x reasoning on/off where the format reasons),
 every walk's text must parse with `chat_parse` into calls whose names satisfy the mode and whose
 arguments validate against the tool's schema, and into JSON content that validates under
-json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4; the
-acceptance run uses 200).
+json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
+combination covered, the whole tests/constrain directory in about 2 minutes on 2 cores; the
+acceptance run uses 200). Seeds are a CRC of the combination, so a failure reproduces.
 """
 
 from __future__ import annotations
