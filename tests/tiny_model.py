@@ -1,34 +1,47 @@
 """A tiny random Qwen2 checkpoint with the real Qwen2.5 tokenizer: a fast, real pipeline for serving tests.
 
-`tiny_chat_model(dir, template=None)` writes an HF directory (config, safetensors weights, tokenizer) whose
-outputs are random but deterministic at temperature 0; `template` replaces the chat template by the
-named real template (e.g. "Qwen-QwQ-32B.jinja" for a reasoning format).
+`tiny_chat_model(dir, template=None)` writes (once; reused when present) an HF directory with a 2-layer,
+hidden-64 random Qwen2 over the full Qwen2.5 vocabulary, next to the REAL Qwen2.5 tokenizer and chat
+template taken from the default model's GGUF; `template` replaces the chat template by the named real
+template (e.g. "Qwen-QwQ-32B.jinja" for a reasoning format). `build_chat_service(dir)` then runs the
+whole real pipeline with random weights: outputs are gibberish, but constrained requests still produce
+valid calls/JSON and greedy outputs are deterministic.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 
-def tiny_chat_model(directory: Path, template: str | None = None, seed: int = 0) -> Path:
+def tiny_chat_model(directory: str | Path, template: str | None = None, seed: int = 0) -> Path:
+    out = Path(directory)
+    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
+        return out
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from jaxchat.assets import DEFAULT_MODEL, asset_path, template_path
     from jaxchat.models.gguf_loader import gguf_tokenizer
 
-    directory = Path(directory)
-    if (directory / "config.json").exists():
-        return directory
     tokenizer = gguf_tokenizer(asset_path(DEFAULT_MODEL), None)
+    assert tokenizer.chat_template and "<tool_call>" in tokenizer.chat_template, "the default model's template lost its tools"
     if template:
         tokenizer.chat_template = template_path(template).read_text()
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        bos_token_id=151643, eos_token_id=151645,
     )
-    Qwen2ForCausalLM(config).save_pretrained(str(directory), safe_serialization=True)
-    tokenizer.save_pretrained(str(directory))
-    return directory
+    Qwen2ForCausalLM(config).eval().save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    try:
+        tmp.rename(out)
+    except OSError:  # another process built it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
