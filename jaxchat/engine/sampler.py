@@ -10,7 +10,7 @@ Contract of `sample(logits, bitmask, counts, prompt_mask, params, valid_vocab)`:
 - The returned token is always allowed by the row's mask when the mask allows anything: if the draw lands
   outside it or on a non-finite logit (e.g. NaN logits), the best allowed token is used instead.
 - Every parameter is an array, so changing values never recompiles; branches that no row needs (the
-  sort for top-k/top-p, the random draw, logprobs) are skipped at run time with `lax.cond`.
+  top-k/top-p thresholds, the random draw, logprobs) are skipped at run time with `lax.cond`.
 - Logprobs are of the model's raw distribution (padding excluded): the chosen token's and the top
   `LOGPROB_TOPK`, computed when any row asks for them (zeros otherwise).
 """
@@ -80,19 +80,39 @@ def apply_penalties(x: jax.Array, counts: jax.Array, prompt_mask: jax.Array, p: 
     return x - p.presence[:, None] * (counts > 0) - p.frequency[:, None] * counts
 
 
-def _truncate_sorted(y: jax.Array, p: SamplingArrays) -> jax.Array:
-    """Top-k then top-p on temperature-scaled logits y [B, V] (one descending sort per row)."""
+_BISECT_STEPS = 40
+
+
+def _bisect_threshold(values: jax.Array, enough) -> jax.Array:
+    """Per row, the largest threshold t with `enough(values >= t)` (values [B, V] finite; `enough` is
+    monotone: true for t = the row minimum). Bisection: O(steps * V) per row, no sort of the vocabulary."""
+    lo = jnp.min(values, axis=-1)
+    hi = jnp.max(values, axis=-1)
+
+    def body(_, bounds):
+        lo, hi = bounds
+        mid = (lo + hi) / 2
+        ok = enough(values >= mid[:, None])
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    lo, hi = jax.lax.fori_loop(0, _BISECT_STEPS, body, (lo, hi))
+    return jnp.where(enough(values >= hi[:, None]), hi, lo)
+
+
+def _truncate(y: jax.Array, p: SamplingArrays) -> jax.Array:
+    """Top-k then top-p on temperature-scaled logits y [B, V], without sorting the vocabulary: each cut
+    is a threshold found by bisection (the k-th largest logit; the smallest probability whose nucleus
+    still holds top_p of the mass), keeping ties at the threshold."""
     vocab = y.shape[-1]
-    ys = -jnp.sort(-y, axis=-1)
+    floor = jnp.min(jnp.where(jnp.isfinite(y), y, _HUGE), axis=-1, keepdims=True) - 1.0
+    finite = jnp.where(jnp.isfinite(y), y, floor)  # a floor just below the row, so bisection stays precise
     k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, vocab), vocab)
-    kth = jnp.take_along_axis(ys, (k - 1)[:, None], axis=-1)
-    y = jnp.where(y < kth, -jnp.inf, y)
-    ys = jnp.where(jnp.arange(vocab)[None, :] < k[:, None], ys, -jnp.inf)
-    probs = jax.nn.softmax(ys, axis=-1)
-    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted entry
-    keep = jnp.maximum(jnp.sum(before < p.top_p[:, None], axis=-1), 1)
-    pth = jnp.take_along_axis(ys, (keep - 1)[:, None], axis=-1)
-    return jnp.where(y < pth, -jnp.inf, y)
+    kth = _bisect_threshold(finite, lambda keep: jnp.sum(keep, axis=-1) >= k)
+    y = jnp.where((p.top_k[:, None] > 0) & (finite < kth[:, None]), -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    mass = lambda keep: jnp.sum(jnp.where(keep, probs, 0.0), axis=-1) >= p.top_p * (1 - 1e-6)  # noqa: E731
+    pth = _bisect_threshold(probs, mass)
+    return jnp.where((p.top_p[:, None] < 1.0) & (probs < pth[:, None]), -jnp.inf, y)
 
 
 def _draw(x: jax.Array, p: SamplingArrays) -> jax.Array:
@@ -102,7 +122,7 @@ def _draw(x: jax.Array, p: SamplingArrays) -> jax.Array:
     min_p = p.min_p[:, None]
     y = jnp.where((min_p > 0) & (y < ymax + jnp.log(jnp.maximum(min_p, 1e-30))), -jnp.inf, y)
     need_sort = jnp.any((p.top_k > 0) | (p.top_p < 1.0))
-    y = jax.lax.cond(need_sort, _truncate_sorted, lambda y, p: y, y, p)
+    y = jax.lax.cond(need_sort, _truncate, lambda y, p: y, y, p)
     base = jax.random.key(0)
 
     def one(row, seed, step):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,3 +129,37 @@ def test_penalties():
     pm[0, 3] = True
     sp2 = sp._replace(repetition=np.full(1, 1.2, np.float32))
     assert int(_masked(logits, ones, np.zeros_like(counts), pm, sp2).tokens[0]) == 4
+
+
+def _reference_truncation(y: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """The textbook definition with a full sort: keep the top_k largest, then the smallest prefix of the
+    sorted distribution whose probability mass reaches top_p."""
+    keep = np.isfinite(y)
+    if top_k > 0:
+        kth = np.sort(y[keep])[::-1][min(top_k, keep.sum()) - 1]
+        keep &= y >= kth
+    z = np.where(keep, y, -np.inf)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]
+        n = max(int(np.sum(before < top_p)), 1)
+        keep &= probs >= probs[order][n - 1]
+    return keep
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), top_k=st.sampled_from([0, 1, 5, 40]), top_p=st.sampled_from([1.0, 0.95, 0.5, 0.1]),
+       masked=st.floats(0.0, 0.9))
+def test_top_k_top_p_cut_matches_a_full_sort(seed, top_k, top_p, masked):
+    from jaxchat.engine.sampler import _truncate
+
+    rng = np.random.default_rng(seed)
+    y = (rng.standard_normal((3, 1000)) * 3).astype(np.float32)
+    y[rng.random(y.shape) < masked] = -np.inf
+    y[:, 0] = 1.0  # at least one allowed token per row
+    params = SamplingArrays.numpy(3)._replace(top_k=np.full(3, top_k, np.int32), top_p=np.full(3, top_p, np.float32))
+    kept = np.isfinite(np.asarray(_truncate(jnp.asarray(y), params)))
+    for row in range(3):
+        np.testing.assert_array_equal(kept[row], _reference_truncation(y[row], top_k, top_p))
