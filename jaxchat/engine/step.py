@@ -65,6 +65,24 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     return Mesh(devs, ("tp",))
 
 
+def decode_step(params, state: DecodeState, tokens, positions, bitmask, sampling: SamplingArrays, *,
+                forward: Callable, valid_vocab: int, max_batch: int) -> tuple[DecodeState, SampleOut]:
+    """One decode step for rows 0..B-1 as one XLA program: forward one token per row, then unpack the
+    grammar bitmask int32[B, ceil(V/32)] and mask, penalise, scale, truncate and sample per row (random
+    draws keyed by each row's seed and step). Pure; `StepRunner` jits it with the cache donated."""
+    b = tokens.shape[0]
+    full = b == max_batch
+    # The forward writes and reads cache rows 0..b-1 in place (row_offset): no copy of the rows in and out.
+    logits, ck, cv = forward(params, tokens[:, None], positions[:, None], state.cache_k, state.cache_v, row_offset=0)
+    counts = state.counts if full else state.counts[:b]
+    pmask = state.prompt_mask if full else state.prompt_mask[:b]
+    out = sample(logits[:, -1], bitmask, counts, pmask, sampling, valid_vocab)
+    counts = counts.at[jnp.arange(b), out.tokens].add((positions >= 0).astype(jnp.int32))
+    if not full:
+        counts = jax.lax.dynamic_update_slice_in_dim(state.counts, counts, 0, axis=0)
+    return DecodeState(ck, cv, counts, state.prompt_mask), out
+
+
 class StepRunner:
     """Owns the device state and the compiled programs for one model, batch size and context length."""
 
@@ -127,18 +145,8 @@ class StepRunner:
 
     # ---- traced programs -------------------------------------------------------------------------
     def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays):
-        b = tokens.shape[0]
-        full = b == self.max_batch
-        # The forward writes and reads cache rows 0..b-1 in place (row_offset): no copy of the rows in and out.
-        logits, ck, cv = self._forward(params, tokens[:, None], positions[:, None], state.cache_k, state.cache_v,
-                                       row_offset=0)
-        counts = state.counts if full else state.counts[:b]
-        pmask = state.prompt_mask if full else state.prompt_mask[:b]
-        out = sample(logits[:, -1], bitmask, counts, pmask, sp, self.valid_vocab)
-        counts = counts.at[jnp.arange(b), out.tokens].add((positions >= 0).astype(jnp.int32))
-        if not full:
-            counts = jax.lax.dynamic_update_slice_in_dim(state.counts, counts, 0, axis=0)
-        return DecodeState(ck, cv, counts, state.prompt_mask), out
+        return decode_step(params, state, tokens, positions, bitmask, sp, forward=self._forward,
+                           valid_vocab=self.valid_vocab, max_batch=self.max_batch)
 
     def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, bitmask, sp):
         # Writes the prompt's K/V straight into row `slot`; logits only at the last prompt token.
