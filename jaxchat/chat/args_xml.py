@@ -4,7 +4,8 @@ Contract: `parse_qwen_xml_call(body, partial, schema)` reads
 `<function=NAME>` (`<parameter=KEY>` VALUE `</parameter>`)* `</function>` and returns a `ParsedCall`
 whose arguments are canonical JSON. One leading and one trailing newline of each VALUE are not
 part of it. The syntax does not type values, so `schema` (the tool's "parameters" object) does,
-via `properties[KEY]` ("type" as a string or list, "anyOf"/"oneOf"/"allOf", else "enum"/"const"):
+via `properties[KEY]` ("type" as a string or list, "anyOf"/"oneOf"/"allOf", else "enum"/"const"; a value
+from an "enum"/"const" list is held until `</parameter>` and whitespace around it is padding):
   - exactly "string": the raw value as a JSON string, streamed as it arrives (a trailing newline
     and a partial `</parameter>` are held back);
   - "object"/"array" (without "string") and a value starting with `{` or `[`: converted with the
@@ -103,6 +104,9 @@ def _read_value(converter: ValueConverter, pos: int, types: frozenset[str]) -> i
     raise NeedMoreText
 
 
+_ENUM = "enum"  # a pseudo-type in `declared_types`: the schema lists the allowed values
+
+
 def _strip_one_newline(value: str) -> str:
     value = value.removeprefix("\n")
     return value.removesuffix("\n")
@@ -141,6 +145,8 @@ def _value_json(value: str, types: frozenset[str], pos: int) -> str:
         converted = _SCALAR_CONVERTERS[typ](text) if typ in types else None
         if converted is not None:
             return converted
+    if _ENUM in types and "string" in types:
+        return json_quote(text)
     if "string" in types:
         return json_quote(value)
     return _untyped_value_json(value)
@@ -209,6 +215,8 @@ def declared_types(prop: object) -> frozenset[str]:
     if not types:
         examples = list(prop.get("enum") or ()) + ([prop["const"]] if "const" in prop else [])
         types = {_PYTHON_TYPE_NAMES[type(v)] for v in examples if type(v) in _PYTHON_TYPE_NAMES}
+    if "enum" in prop or "const" in prop:
+        types.add(_ENUM)  # a closed set of values: held until complete, surrounding whitespace is padding
     if not types and "properties" in prop:
         types = {"object"}
     if not types and "items" in prop:

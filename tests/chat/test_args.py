@@ -502,3 +502,15 @@ def qwen(text, partial):
 def test_errors_name_the_offset(parse, text, partial, offset):
     with pytest.raises(ArgumentSyntaxError, match=rf"at offset {offset}\b"):
         parse(text, partial)
+
+
+def test_qwen_xml_enum_value_whitespace_is_padding():
+    from jaxchat.chat.args import parse_qwen_xml_call
+
+    schema = {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}, "city": {"type": "string"}}}
+    body = "\n<function=get_weather>\n<parameter=city>\n Paris \n</parameter>\n<parameter=unit>\n\n\tc \n</parameter>\n</function>\n"
+    call = parse_qwen_xml_call(body, False, schema)
+    assert json.loads(call.arguments) == {"city": " Paris ", "unit": "c"}
+    for cut in range(len(body)):  # the enum value is held until it is complete, so no prefix shows the padding
+        partial = parse_qwen_xml_call(body[:cut], True, schema)
+        assert call.arguments.startswith(partial.arguments)
