@@ -1,7 +1,7 @@
 """Session fixtures: real vocabularies and one GrammarEngine per vocabulary (built once, they are slow).
 
-- `qwen25`: the default model's tokenizer (Qwen2.5 GGUF; its HF form is cached under pytest's cache
-  dir, so only the first session pays the ~12 s GGUF read); markers like `<think>` are spelled out.
+- `qwen25`: the default model's tokenizer (Qwen2.5 GGUF; its HF form is cached in the jaxchat cache,
+  so only the first session pays the GGUF read); markers like `<think>` are spelled out.
 - `qwen3`: quicktok's Qwen3 vocabulary (`<think>`, `</think>`, `<tool_call>` are single tokens).
 - `harmony`: quicktok's o200k_harmony vocabulary (all Harmony markers are single tokens).
 """
@@ -14,21 +14,15 @@ from tests.constrain.support import Vocab
 
 
 @pytest.fixture(scope="session")
-def qwen25_tokenizer(request):
-    from transformers import AutoTokenizer
-
-    cache = request.config.cache.mkdir("jaxchat_qwen25_tokenizer")
-    if (cache / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(cache))
-    from jaxchat.assets import AssetError, asset_path
+def qwen25_tokenizer():
+    from jaxchat.assets import DEFAULT_MODEL, AssetError, asset_path
+    from jaxchat.models.gguf_loader import gguf_tokenizer
 
     try:
-        p = asset_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+        path = asset_path(DEFAULT_MODEL)
     except AssetError as e:
         pytest.skip(str(e))
-    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    tok.save_pretrained(str(cache))
-    return tok
+    return gguf_tokenizer(path, None)  # the GGUF's tokenizer, its conversion cached in the jaxchat cache
 
 
 @pytest.fixture(scope="session")
