@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import replace
 
 import xgrammar as xgr
@@ -43,7 +44,8 @@ def _vocab_and_eos(tokenizer):
 
 
 class GrammarEngine:
-    def __init__(self, tokenizer, vocab_size: int | None = None, stop_token_ids=None, max_threads: int = 2):
+    def __init__(self, tokenizer, vocab_size: int | None = None, stop_token_ids=None, max_threads: int = 2,
+                 cache_size: int = 256):
         t0 = time.perf_counter()
         kind, default_stops, n_tok = _vocab_and_eos(tokenizer)
         self.vocab_size = int(vocab_size or n_tok)
@@ -67,7 +69,8 @@ class GrammarEngine:
         self.stop_token_ids = tuple(stops)
         self.xgr_stop_token_ids = tuple(kept)
         self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
-        self._cache: dict[str, object] = {}
+        self._cache: OrderedDict[str, object] = OrderedDict()  # bounded: clients may send ever-new schemas
+        self.cache_size = cache_size
         self._token_ids: dict[bytes, int] | None = None
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         log.info("Grammar engine ready in %d ms", round(self.ready_ms))
@@ -96,6 +99,10 @@ class GrammarEngine:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._cache[key] = self.compiler.compile_structural_tag(key)
+            while len(self._cache) > self.cache_size:  # least recently used first
+                del self._cache[next(iter(self._cache))]
+        else:
+            self._cache.move_to_end(key)
         return compiled
 
     def _stops_for(self, spec: ChatFormatSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -74,3 +74,19 @@ def test_tools_disabled_and_plain():
     with pytest.raises(RequestError):
         chat_structural_tag(chat_format_make("plain"), make_request("named"))
     assert chat_structural_tag(chat_format_make("hermes_json"), make_request("auto"), tools_enabled=False) is None
+
+
+def test_compiled_grammar_cache_is_bounded_lru(vocabs):
+    engine = vocabs["qwen25"]().engine
+    size = engine.cache_size
+    engine.cache_size = 2
+    try:
+        tags = [{"type": "structural_tag", "format": {"type": "const_string", "value": f"v{i}"}} for i in range(3)]
+        first = engine.compile(tags[0])
+        engine.compile(tags[1])
+        assert engine.compile(tags[0]) is first  # a hit moves it to the back
+        engine.compile(tags[2])  # evicts tags[1], the least recently used
+        keys = list(engine._cache)
+        assert len(keys) == 2 and '"v1"' not in "".join(keys) and engine.compile(tags[0]) is first
+    finally:
+        engine.cache_size = size
