@@ -140,11 +140,15 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+REPORTS: list[str] = []  # every report line of the session; tests/conftest.py prints them at the end
+
+
 def report(name: str, counts: Counter, **extra) -> str:
     parts = [f"{k}={counts.get(k, 0)}" for k in ("sent", "4xx", "5xx", "completed")]
     parts += [f"{k}={v}" for k, v in extra.items()]
-    line = f"\n[{name}] " + " ".join(parts)
-    print(line)
+    line = f"[{name}] " + " ".join(parts)
+    REPORTS.append(line)
+    print("\n" + line)
     return line
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.soak import check, run_soak, summary
+from tests.reliability.support import REPORTS
 
 REQUESTS = 120
 WARMUP = 50
@@ -16,6 +17,8 @@ WARMUP = 50
 def test_soak_reduced(real_service, live_real, idle_engine):
     result = asyncio.run(run_soak(live_real.base_url, real_service, total=REQUESTS, warmup=WARMUP,
                                   concurrency=16, log=None))
-    print("\n" + summary("soak", result))
+    line = summary("soak", result)
+    REPORTS.append(line.strip())
+    print("\n" + line)
     assert result["counts"]["sent"] == REQUESTS
     assert check(result, max_growth=0.10) == []
