@@ -163,3 +163,45 @@ def test_top_k_top_p_cut_matches_a_full_sort(seed, top_k, top_p, masked):
     kept = np.isfinite(np.asarray(_truncate(jnp.asarray(y), params)))
     for row in range(3):
         np.testing.assert_array_equal(kept[row], _reference_truncation(y[row], top_k, top_p))
+
+
+def test_row_argmax_matches_jnp_argmax_on_large_vocabularies():
+    """The two-level argmax gives jnp.argmax's answer with NaN read as -inf: first maximum, all -inf -> 0,
+    for a vocabulary with a block divisor and for one that must be padded."""
+    from jaxchat.engine.sampler import row_argmax
+
+    rng = np.random.default_rng(0)
+    for vocab in (49152, 151936, 5003):
+        x = rng.standard_normal((6, vocab)).astype(np.float32)
+        x[1, [17, vocab - 3]] = 9.0  # a tie: the first one wins
+        x[2, vocab - 1] = 9.0  # the maximum in the last (possibly padded) block
+        x[3, [40, 4000]] = np.nan
+        x[4] = -np.inf
+        x[5, 1234:1300] = 50.0
+        got = np.asarray(jax.jit(row_argmax)(jnp.asarray(x)))
+        expected = np.asarray(jnp.argmax(jnp.asarray(np.where(np.isnan(x), -np.inf, x)), axis=-1))
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_large_vocabulary_sampling_stays_inside_the_mask():
+    """With a vocabulary big enough for the blocked argmax, greedy and sampled rows still only pick
+    allowed tokens."""
+    vocab = 8192
+    words = vocab // 32
+    rng = np.random.default_rng(1)
+    allowed = rng.random((4, vocab)) < 0.01
+    allowed[:, 5] = True
+    padded = (allowed.reshape(4, words, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(-1)
+    bitmask = padded.astype(np.uint32).view(np.int32)
+    logits = rng.standard_normal((4, vocab)).astype(np.float32) * 5
+    sp = SamplingArrays.numpy(4)._replace(temperature=np.array([0.0, 1.0, 0.7, 1.5], np.float32),
+                                           top_p=np.array([1.0, 0.9, 1.0, 0.5], np.float32),
+                                           top_k=np.array([0, 0, 40, 0], np.int32))
+    run = jax.jit(lambda lg, bm, c, pm, s: sample(lg, bm, c, pm, s, vocab))
+    for step in range(8):
+        out = run(logits, bitmask, np.zeros((4, vocab), np.int32), np.zeros((4, vocab), bool),
+                  sp._replace(step=np.full(4, step, np.int32), seed=np.arange(4, dtype=np.uint32)))
+        toks = np.asarray(out.tokens)
+        assert allowed[np.arange(4), toks].all(), toks
+        greedy = np.where(allowed[0], logits[0], -np.inf).argmax()
+        assert toks[0] == greedy
