@@ -6,7 +6,7 @@ jaxchat's aggregate tokens/s at batch 1, 4 and 16 and the ratio to batch 1, how 
 agree, and the fraction of the memory-bandwidth bound at batch 1: achieved tokens/s divided by
 (measured numpy copy bandwidth / weight bytes read per step).  The copy bandwidth counts bytes read plus
 bytes written.  Batch-1 timings against transformers include the prefill (the same prompt on both
-sides). Aggregates are printed twice: decode (the steady state while all rows decode, prefills excluded,
+sides; the median of --repeats runs on each side). Aggregates are printed twice: decode (the steady state while all rows decode, prefills excluded,
 as llama.cpp's batched-bench separates text generation from prompt processing) and end to end.
 
     python bench/decode.py [--models smollm2,qwen2.5-0.5b] [--new-tokens 128] [--batches 1,4,16]
@@ -90,7 +90,8 @@ def run_jaxchat(engine, prompt_ids, new_tokens: int, batch: int) -> tuple[float,
     return sum(len(toks) for toks, _ in outs) / dt, decode_rate, outs[0][0]
 
 
-def run_transformers(path, prompt_ids, new_tokens: int) -> tuple[float, list[int]]:
+def run_transformers(path, prompt_ids, new_tokens: int, repeats: int = 1) -> tuple[float, list[int]]:
+    """Median tokens/s of `repeats` greedy `generate` calls (after a 4-token warm-up), and the tokens."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -107,10 +108,12 @@ def run_transformers(path, prompt_ids, new_tokens: int) -> tuple[float, list[int
     kw = {"do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
         model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
-        t = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-        dt = time.perf_counter() - t
-    return new_tokens / dt, out[0, ids.shape[1]:].tolist()
+        rates = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+            rates.append(new_tokens / (time.perf_counter() - t))
+    return float(np.median(rates)), out[0, ids.shape[1]:].tolist()
 
 
 def context_for(n: int) -> int:
@@ -140,8 +143,10 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
         run_jaxchat(engine, prompt, 8, 1)  # first-request effects (allocation) out of the timing
         first = None
         for b in batches:
-            rates[b], decode_rates[b], toks = run_jaxchat(engine, prompt, args.new_tokens, b)
-            first = toks if first is None else first
+            runs = [run_jaxchat(engine, prompt, args.new_tokens, b) for _ in range(args.repeats if b == 1 else 1)]
+            rates[b] = float(np.median([r[0] for r in runs]))
+            decode_rates[b] = float(np.median([r[1] for r in runs]))
+            first = runs[0][2] if first is None else first
         compiles = engine.stats()["compiles_after_warmup"]
     finally:
         engine.shutdown()
@@ -150,7 +155,7 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
     print(f"[{name}] weights read per step {wbytes / 1e6:.0f} MB; copy bandwidth {bw / 1e9:.1f} GB/s -> "
           f"bound {bound:.1f} tok/s at batch 1")
     if path is not None and not args.no_transformers:
-        hf_rate, hf_toks = run_transformers(path, prompt, args.new_tokens)
+        hf_rate, hf_toks = run_transformers(path, prompt, args.new_tokens, args.repeats)
         agree = next((i for i, (a, b) in enumerate(zip(first, hf_toks, strict=False)) if a != b), len(hf_toks))
         print(f"[{name}] batch 1: transformers {hf_rate:.1f} tok/s, jaxchat {rates[batches[0]]:.1f} tok/s, "
               f"ratio {rates[batches[0]] / hf_rate:.2f}x; greedy tokens agree for the first {agree}/{len(hf_toks)}")
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS), help="random weights of a real shape")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3, help="batch-1 runs per side; the median is reported")
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
     import jax

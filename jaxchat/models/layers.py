@@ -3,8 +3,9 @@ and the decoder stack that scans the stacked layers.
 
 Contract:
 - Every parameter is an `nnx.Param` carrying `axes`, its logical axis names ("embed", "heads",
-  "kv_heads", "head_dim", "mlp", "vocab", "norm"); stacked layer params get a leading "layers" axis.
-  Projection weights keep heads explicit: q [embed, heads, head_dim], o [heads, head_dim, embed].
+  "kv_heads", "head_dim", "mlp", "gate_up", "vocab", "norm"); stacked layer params get a leading "layers" axis.
+  Projection weights keep heads explicit: q [embed, heads, head_dim], o [heads, head_dim, embed]; the
+  MLP's gate and up projections are one param gate_up [embed, 2, mlp] (gate at 0, up at 1).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear" and Llama 3 ("llama3") frequency schedules.
@@ -183,8 +184,10 @@ def kv_io(cache, k, v, positions, at):
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate = param((d, f), ("embed", "mlp"), dtype)
-        self.up = param((d, f), ("embed", "mlp"), dtype)
+        # gate and up fused as [d, 2, f] (one [d, 2f] matmul, row by row the gate then the up weights):
+        # one larger matvec streams memory better than two (~9% of a SmolLM2 batch-1 step on CPU), and
+        # sharding "mlp" still gives each device matching gate and up columns.
+        self.gate_up = param((d, 2, f), ("embed", "gate_up", "mlp"), dtype)
         self.down = param((f, d), ("mlp", "embed"), dtype)
         act = cfg.hidden_act
         if act not in ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh", "gelu"):
@@ -192,9 +195,10 @@ class MLP(nnx.Module):
         self.gelu = act != "silu" and act != "swish"
 
     def __call__(self, x):
-        g = x @ self.gate[...]
+        h = jnp.einsum("...d,dcf->...cf", x, self.gate_up[...])
+        g, u = h[..., 0, :], h[..., 1, :]
         g = jax.nn.gelu(g, approximate=True) if self.gelu else jax.nn.silu(g)
-        return (g * (x @ self.up[...])) @ self.down[...]
+        return (g * u) @ self.down[...]
 
 
 def make_stack(cfg: ModelConfig, block_cls, dtype):

@@ -59,8 +59,8 @@ def mlp_entries(cfg: ModelConfig, i: int) -> list[Entry]:
     d, f = cfg.hidden_size, cfg.intermediate_size
     p = f"model.layers.{i}.mlp."
     return [
-        Entry(p + "gate_proj.weight", ("layers", "mlp", "gate"), i, (f, d), "t"),
-        Entry(p + "up_proj.weight", ("layers", "mlp", "up"), i, (f, d), "t"),
+        Entry(p + "gate_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 0)),
+        Entry(p + "up_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 1)),
         Entry(p + "down_proj.weight", ("layers", "mlp", "down"), i, (d, f), "t"),
     ]
 

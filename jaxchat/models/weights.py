@@ -33,6 +33,7 @@ class Entry:
     layer: int | None  # index on the stacked layer axis, None for a global tensor
     hf_shape: tuple[int, ...]
     convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
+    part: tuple[int, int] | None = None  # (axis, index): one slice of a fused param (e.g. gate of gate_up)
 
 
 @dataclass(frozen=True)
@@ -126,17 +127,23 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         if e.path not in buffers:
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
 
+    parts = {p: 1 for p in shapes}
+    for e in tab.values():
+        if e.part is not None:
+            parts[e.path] = shapes[e.path][0][e.part[0] + (e.layer is not None)]
     for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
+        index = () if e.layer is None else (e.layer,)
+        if e.part is not None:
+            axis, i = e.part
+            target = target[:axis] + target[axis + 1:]
+            index = (*index, *(slice(None),) * axis, i)
         x = convert(np.asarray(tensors[e.hf].load()), e, target)  # cast on assignment
-        if e.layer is None:
-            buffers[e.path][...] = x
-        else:
-            buffers[e.path][e.layer] = x
+        buffers[e.path][index if index else ...] = x
         filled[e.path] += 1
     for p, n in filled.items():
-        want = cfg.num_layers if p[0] == "layers" else 1
+        want = (cfg.num_layers if p[0] == "layers" else 1) * parts[p]
         if n != want:
             raise ModelLoadError(f"param {'/'.join(p)} got {n} tensors, expected {want}")
     specs = None

@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     assert specs["layers"]["mlp"]["down"] == P(None, "tp", None)
     assert sharded.params["layers"]["attn"]["q"].sharding.spec == specs["layers"]["attn"]["q"]
     restored = load_model(save_orbax(sharded, out), mesh=mesh)
-    assert restored.params["layers"]["mlp"]["gate"].sharding == NamedSharding(mesh, specs["layers"]["mlp"]["gate"])
+    assert restored.params["layers"]["mlp"]["gate_up"].sharding == NamedSharding(mesh, specs["layers"]["mlp"]["gate_up"])
 
     def greedy(model, mesh=None):
         ck, cv = empty_cache(model.config, 2, 32, jnp.float32)
