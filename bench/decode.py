@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="batch-1 runs per side; the median is reported")
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
+    from jaxchat.engine.host_memory import keep_freed_memory
+
+    print(f"malloc keeps freed memory (as jaxchat serve): {keep_freed_memory()}")  # both sides share it
     import jax
 
     print(f"devices: {jax.devices()}")

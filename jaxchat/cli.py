@@ -52,12 +52,16 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from jaxchat.engine.host_memory import keep_freed_memory, release_freed_memory
+
+    keep_freed_memory()  # before jax starts its threads
     from jaxchat.engine.service import build_chat_service
     from jaxchat.server.run import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = build_chat_service(args.model, max_batch=args.max_batch, max_context=args.max_context,
                                  dtype=args.dtype, constrained=not args.no_constrain)
+    release_freed_memory()  # the loader's conversion buffers
     logging.getLogger("jaxchat").info("Serving %s on http://%s:%d/v1", service.model_id, args.host, args.port)
     try:
         serve(service, host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level.lower())
