@@ -34,18 +34,20 @@ class Model(CausalLM):
 
 def attention_entries(cfg: ModelConfig, i: int, *, bias: bool, qk_norm: bool) -> list[Entry]:
     d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = h // kv
     p = f"model.layers.{i}.self_attn."
     out = [
-        Entry(p + "q_proj.weight", ("layers", "attn", "q"), i, (h * hd, d), "in_heads"),
-        Entry(p + "k_proj.weight", ("layers", "attn", "k"), i, (kv * hd, d), "in_heads"),
-        Entry(p + "v_proj.weight", ("layers", "attn", "v"), i, (kv * hd, d), "in_heads"),
+        Entry(p + "q_proj.weight", ("layers", "attn", "qkv"), i, (h * hd, d), "in_heads", part=(2, 0, g)),
+        Entry(p + "k_proj.weight", ("layers", "attn", "qkv"), i, (kv * hd, d), "in_heads", part=(2, g, g + 1)),
+        Entry(p + "v_proj.weight", ("layers", "attn", "qkv"), i, (kv * hd, d), "in_heads", part=(2, g + 1, g + 2)),
         Entry(p + "o_proj.weight", ("layers", "attn", "o"), i, (d, h * hd), "out_heads"),
     ]
     if bias:
         out += [
-            Entry(p + "q_proj.bias", ("layers", "attn", "q_bias"), i, (h * hd,), "bias_heads"),
-            Entry(p + "k_proj.bias", ("layers", "attn", "k_bias"), i, (kv * hd,), "bias_heads"),
-            Entry(p + "v_proj.bias", ("layers", "attn", "v_bias"), i, (kv * hd,), "bias_heads"),
+            Entry(p + "q_proj.bias", ("layers", "attn", "qkv_bias"), i, (h * hd,), "bias_heads", part=(1, 0, g)),
+            Entry(p + "k_proj.bias", ("layers", "attn", "qkv_bias"), i, (kv * hd,), "bias_heads", part=(1, g, g + 1)),
+            Entry(p + "v_proj.bias", ("layers", "attn", "qkv_bias"), i, (kv * hd,), "bias_heads",
+                  part=(1, g + 1, g + 2)),
         ]
     if qk_norm:
         out += [
@@ -59,15 +61,15 @@ def mlp_entries(cfg: ModelConfig, i: int) -> list[Entry]:
     d, f = cfg.hidden_size, cfg.intermediate_size
     p = f"model.layers.{i}.mlp."
     return [
-        Entry(p + "gate_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 0)),
-        Entry(p + "up_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 1)),
+        Entry(p + "gate_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 0, 1)),
+        Entry(p + "up_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 1, 2)),
         Entry(p + "down_proj.weight", ("layers", "mlp", "down"), i, (d, f), "t"),
     ]
 
 
 def global_entries(cfg: ModelConfig) -> list[Entry]:
     out = [
-        Entry("model.embed_tokens.weight", ("embed",), None, (cfg.vocab_size, cfg.hidden_size), "id"),
+        Entry("model.embed_tokens.weight", ("embed",), None, (cfg.vocab_size, cfg.hidden_size), "t"),
         Entry("model.norm.weight", ("final_norm", "scale"), None, (cfg.hidden_size,), "id"),
     ]
     if not cfg.tie_word_embeddings:

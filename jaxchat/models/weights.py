@@ -33,7 +33,7 @@ class Entry:
     layer: int | None  # index on the stacked layer axis, None for a global tensor
     hf_shape: tuple[int, ...]
     convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
-    part: tuple[int, int] | None = None  # (axis, index): one slice of a fused param (e.g. gate of gate_up)
+    part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,9 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
         out = x
     elif e.convert == "t":
         out = x.T
-    elif e.convert == "in_heads":  # [N*hd, D] -> [D, N, hd]
-        n, hd = target_shape[1], target_shape[2]
-        out = x.reshape(n, hd, x.shape[1]).transpose(2, 0, 1)
+    elif e.convert == "in_heads":  # [N*hd, D] -> [D, N, hd] (N may be split in groups: [D, ..., hd])
+        hd = target_shape[-1]
+        out = x.reshape(-1, hd, x.shape[1]).transpose(2, 0, 1)
     elif e.convert == "out_heads":  # [D, H*hd] -> [H, hd, D]
         h, hd = target_shape[0], target_shape[1]
         out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
@@ -76,6 +76,8 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
         out = x.reshape(target_shape)
     else:  # pragma: no cover - tables are static
         raise AssertionError(e.convert)
+    if e.part is not None and out.size == int(np.prod(target_shape)):
+        out = out.reshape(target_shape)  # a slice of a fused param: the same layout with unit/grouped axes
     if tuple(out.shape) != tuple(target_shape):
         raise ModelLoadError(f"tensor {e.hf!r}: converted shape {out.shape} != param shape {target_shape}")
     return out
@@ -129,16 +131,16 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
 
     parts = {p: 1 for p in shapes}
     for e in tab.values():
-        if e.part is not None:
-            parts[e.path] = shapes[e.path][0][e.part[0] + (e.layer is not None)]
+        if e.part is not None and e.layer in (None, 0):
+            parts[e.path] = sum(1 for f in tab.values() if f.path == e.path and f.layer == e.layer)
     for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
         index = () if e.layer is None else (e.layer,)
         if e.part is not None:
-            axis, i = e.part
-            target = target[:axis] + target[axis + 1:]
-            index = (*index, *(slice(None),) * axis, i)
+            axis, start, stop = e.part
+            target = (*target[:axis], stop - start, *target[axis + 1:])
+            index = (*index, *(slice(None),) * axis, slice(start, stop))
         x = convert(np.asarray(tensors[e.hf].load()), e, target)  # cast on assignment
         buffers[e.path][index if index else ...] = x
         filled[e.path] += 1

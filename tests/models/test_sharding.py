@@ -24,10 +24,10 @@ SCRIPT = textwrap.dedent("""
     ref = load_model(src)
     sharded = load_model(src, mesh=mesh)
     specs = sharded.partition_specs(mesh)
-    assert specs["layers"]["attn"]["q"] == P(None, None, "tp", None), specs["layers"]["attn"]["q"]
-    assert specs["layers"]["attn"]["k"] == P(None, None, None, None)  # 2 kv heads: replicated
+    assert specs["layers"]["attn"]["o"] == P(None, "tp", None, None), specs["layers"]["attn"]["o"]
+    assert specs["layers"]["attn"]["qkv"] == P(None, None, None, None, None)  # 2 kv heads: replicated
     assert specs["layers"]["mlp"]["down"] == P(None, "tp", None)
-    assert sharded.params["layers"]["attn"]["q"].sharding.spec == specs["layers"]["attn"]["q"]
+    assert sharded.params["layers"]["attn"]["o"].sharding.spec == specs["layers"]["attn"]["o"]
     restored = load_model(save_orbax(sharded, out), mesh=mesh)
     assert restored.params["layers"]["mlp"]["gate_up"].sharding == NamedSharding(mesh, specs["layers"]["mlp"]["gate_up"])
 
