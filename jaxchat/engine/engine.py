@@ -2,8 +2,10 @@
 
 Contract:
 - `Engine(model, max_batch=16, max_context=2048, ...)` places the params on a mesh over all local devices
-  (axis "tp", `model.partition_specs(mesh)`), allocates the batch KV cache, precompiles every batch and
-  prompt-length bucket (`warmup=True`) and starts the host loop thread; after that no request compiles.
+  (axis "tp", `model.partition_specs(mesh)`), allocates the batch KV cache, precompiles every batch,
+  attention-span and prompt-length bucket (`warmup=True`) and starts the host loop thread; after that no
+  request compiles. Decode attends over max_context, max_context/2 or max_context/4 positions, the
+  smallest that covers every running row (`default_span_buckets`).
 - `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
   has `finished=True`.  Leaving the loop early (break, cancellation) aborts the request.
 - `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
@@ -28,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxchat.engine.compiles import compile_count
 from jaxchat.engine.scheduler import Scheduler
-from jaxchat.engine.step import StepRunner, make_mesh, pow2_buckets
+from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, pow2_buckets
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class Engine:
         mesh: jax.sharding.Mesh | None = None,
         batch_buckets: Sequence[int] | None = None,
         length_buckets: Sequence[int] | None = None,
+        span_buckets: Sequence[int] | None = None,
         min_prefill_bucket: int = 16,
         max_prefills_per_step: int = 4,
         warmup: bool = True,
@@ -64,6 +67,7 @@ class Engine:
             model.forward, params, cache_k, cache_v, vocab, valid_vocab, self.mesh,
             batch_buckets or pow2_buckets(1, max_batch),
             length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
+            span_buckets or default_span_buckets(max_context),
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step)
         if warmup:

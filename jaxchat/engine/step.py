@@ -12,6 +12,9 @@ Contract:
   masked sampler.  `move(src, dst)` copies one slot's rows (used to keep active slots compact).
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket (with non-trivial masks and
   sampling parameters); after it, no call compiles anything.  Sampling parameters are arrays.
+- Attention spans: with `span_buckets` (and a forward that takes `attend_len`), each decode attends over
+  the smallest span bucket above every row's position instead of all of max_context: one decode program
+  per (batch bucket, span bucket).
 - The forward writes and reads the cache rows in place (`row_offset`: decode uses rows 0..b-1 of the full
   cache, prefill row `slot`), and prefill asks for the last prompt token's logits only (`logits_index`).
 - On CPU, when the forward belongs to a model with `unstack_layers`/`layer_cache` (`jaxchat.models`), the
@@ -25,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -53,6 +57,15 @@ def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def default_span_buckets(max_context: int, count: int = 3, smallest: int = 64) -> tuple[int, ...]:
+    """Attention spans for decode: max_context and up to count - 1 halvings of it, none below `smallest`."""
+    spans = {max_context}
+    for i in range(1, count):
+        if max_context >> i >= smallest:
+            spans.add(max_context >> i)
+    return tuple(sorted(spans))
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
     for b in buckets:
         if n <= b:
@@ -66,14 +79,18 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
 
 
 def decode_step(params, state: DecodeState, tokens, positions, bitmask, sampling: SamplingArrays, *,
-                forward: Callable, valid_vocab: int, max_batch: int) -> tuple[DecodeState, SampleOut]:
+                forward: Callable, valid_vocab: int, max_batch: int,
+                span: int | None = None) -> tuple[DecodeState, SampleOut]:
     """One decode step for rows 0..B-1 as one XLA program: forward one token per row, then unpack the
     grammar bitmask int32[B, ceil(V/32)] and mask, penalise, scale, truncate and sample per row (random
-    draws keyed by each row's seed and step). Pure; `StepRunner` jits it with the cache donated."""
+    draws keyed by each row's seed and step). `span` (static): every position is below it, so attention
+    reads only that prefix of the cache. Pure; `StepRunner` jits it with the cache donated."""
     b = tokens.shape[0]
     full = b == max_batch
+    extra = {} if span is None else {"attend_len": span}
     # The forward writes and reads cache rows 0..b-1 in place (row_offset): no copy of the rows in and out.
-    logits, ck, cv = forward(params, tokens[:, None], positions[:, None], state.cache_k, state.cache_v, row_offset=0)
+    logits, ck, cv = forward(params, tokens[:, None], positions[:, None], state.cache_k, state.cache_v, row_offset=0,
+                             **extra)
     counts = state.counts if full else state.counts[:b]
     pmask = state.prompt_mask if full else state.prompt_mask[:b]
     out = sample(logits[:, -1], bitmask, counts, pmask, sampling, valid_vocab)
@@ -97,11 +114,16 @@ class StepRunner:
         mesh: Mesh,
         batch_buckets: Sequence[int],
         length_buckets: Sequence[int],
+        span_buckets: Sequence[int] | None = None,
     ) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         self.mask_words = (vocab_size + 31) // 32
         self.max_batch, self.max_context = cache_k.shape[1], cache_k.shape[2]
         self.batch_buckets, self.length_buckets = tuple(batch_buckets), tuple(length_buckets)
+        spans = tuple(sorted({min(int(x), self.max_context) for x in (span_buckets or ())} | {self.max_context}))
+        if len(spans) > 1 and "attend_len" not in inspect.signature(forward).parameters:
+            spans = (self.max_context,)  # a forward without attend_len always reads the whole cache
+        self.span_buckets = spans
         self.mesh = mesh
         rep = NamedSharding(mesh, P())
         n_dev, kv_heads = mesh.devices.size, cache_k.shape[3]
@@ -128,12 +150,16 @@ class StepRunner:
             DecodeState(cache_k, cache_v, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_)), state_sh
         )
         self._forward = forward
-        self._decode = jax.jit(
-            self._decode_impl,
-            donate_argnums=(1,),
-            in_shardings=(param_sh, state_sh, rep, rep, rep, rep),
-            out_shardings=(state_sh, rep),
-        )
+        # One decode program per attention span (the whole cache is one span); each is traced per batch bucket.
+        self._decodes = {
+            span: jax.jit(
+                functools.partial(self._decode_impl, span=None if span == self.max_context else span),
+                donate_argnums=(1,),
+                in_shardings=(param_sh, state_sh, rep, rep, rep, rep),
+                out_shardings=(state_sh, rep),
+            )
+            for span in self.span_buckets
+        }
         self._prefill = jax.jit(
             self._prefill_impl,
             donate_argnums=(1,),
@@ -144,9 +170,9 @@ class StepRunner:
                              in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
 
     # ---- traced programs -------------------------------------------------------------------------
-    def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays):
+    def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays, span=None):
         return decode_step(params, state, tokens, positions, bitmask, sp, forward=self._forward,
-                           valid_vocab=self.valid_vocab, max_batch=self.max_batch)
+                           valid_vocab=self.valid_vocab, max_batch=self.max_batch, span=span)
 
     def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, bitmask, sp):
         # Writes the prompt's K/V straight into row `slot`; logits only at the last prompt token.
@@ -180,8 +206,10 @@ class StepRunner:
 
     # ---- host entry points ----------------------------------------------------------------------
     def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
-        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs."""
-        self.state, out = self._decode(self.params, self.state, tokens, positions, bitmask, sp)
+        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
+        Attention reads the smallest span bucket above every row's position."""
+        span = bucket_for(int(np.max(positions, initial=0)) + 1, self.span_buckets)
+        self.state, out = self._decodes[span](self.params, self.state, tokens, positions, bitmask, sp)
         return SampleOut(*(np.asarray(x) for x in out))
 
     def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
@@ -212,7 +240,10 @@ class StepRunner:
             )
             mask = rng.integers(-(2**31), 2**31 - 1, size=(b, self.mask_words), dtype=np.int64).astype(np.int32)
             mask[:, 0] |= 1
-            self.decode(np.zeros(b, np.int32), np.full(b, -1, np.int32), mask, sp)
+            for span in self.span_buckets:  # idle rows (position -1) except row 0, just below the span
+                positions = np.full(b, -1, np.int32)
+                positions[0] = span - 1
+                self.decode(np.zeros(b, np.int32), positions, mask, sp)
         sp1 = SamplingArrays.numpy(1)._replace(temperature=np.full(1, 0.5, np.float32))
         mask1 = np.full((1, self.mask_words), -1, np.int32)
         for t in self.length_buckets:

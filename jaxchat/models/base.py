@@ -17,7 +17,9 @@ Contract:
   Extensions (keyword-only, defaults give the above): `row_offset` (int32 scalar, may be traced): the
   cache may hold more rows Bc >= B, and token row b uses cache row row_offset + b (rows outside are
   untouched); `logits_index` int32[B]: return only the logits at that step of each row, [B, 1, vocab]
-  (prefill needs one position, not the whole bucket).
+  (prefill needs one position, not the whole bucket); `attend_len` (static int): every position in the
+  batch is below it, so attention reads only the first attend_len cache positions (the cache is still
+  written in full).
 - Fast layout (what the engine uses on CPU): `unstack_layers(params)` splits the stacked layers into
   a tuple of per-layer dicts (zero-copy on one CPU device) and `layer_cache(config, B, S)` gives
   per-layer caches: tuples of num_layers arrays, keys [B, num_kv_heads, head_dim, S] (transposed)
@@ -134,16 +136,18 @@ class LoadedModel:
         self.mesh = mesh
         self.source = source
 
-    def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None):
+    def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None,
+                attend_len=None):
         """Pure forward over the cache; see the module docstring for the contract."""
         from flax import nnx
 
         layers = params["layers"]
         if isinstance(layers, (tuple, list)):  # unstacked (see `unstack_layers`): a Python loop over layers
             module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
-            return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, layer_states=tuple(layers))
+            return module(tokens, positions, cache_k, cache_v, row_offset, logits_index,
+                          layer_states=tuple(layers), attend_len=attend_len)
         module = nnx.merge(self.graphdef, params)
-        return module(tokens, positions, cache_k, cache_v, row_offset, logits_index)
+        return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len)
 
     def unstack_layers(self, params) -> dict:
         return unstack_layers(params)

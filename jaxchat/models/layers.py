@@ -12,7 +12,9 @@ Contract:
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear" and Llama 3 ("llama3") frequency schedules.
 - `attend` writes the new k/v into layer `l` of the full cache (scatter; positions < 0 dropped) and
-  attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32.
+  attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32; with
+  `attend_len=S'` (static, larger than every position in the batch) only the first S' cache positions
+  are read.
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ class Attention(nnx.Module):
         kvh, hd, g = k.shape[2], q.shape[-1], self.groups
         if not at[2]:  # [B, S, KV, D] -> keys [B, KV, D, S], values [B, KV, S, D]
             keys, values = keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3)
+        span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
+        if span < keys.shape[-1]:
+            keys, values = keys[..., :span], values[:, :, :span]
         # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims
         qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
         batch = ((0, 1), (0, 1))
@@ -269,13 +274,16 @@ class CausalLM(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
 
-    def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None):
+    def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None,
+                 attend_len=None):
         cfg = self.config
         table = self.embed[...]
         x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
         s = cache_v[0].shape[2] if isinstance(cache_v, (tuple, list)) else cache_v.shape[2]
+        if attend_len is not None:  # every position of every row is below attend_len: a shorter attention
+            s = min(s, int(attend_len))
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob
