@@ -6,8 +6,9 @@ jaxchat's aggregate tokens/s at batch 1, 4 and 16 and the ratio to batch 1, how 
 agree, and the fraction of the memory-bandwidth bound at batch 1: achieved tokens/s divided by
 (measured numpy copy bandwidth / weight bytes read per step).  The copy bandwidth counts bytes read plus
 bytes written.  Batch-1 timings against transformers include the prefill (the same prompt on both
-sides; the median of --repeats runs on each side). Aggregates are printed twice: decode (the steady state while all rows decode, prefills excluded,
-as llama.cpp's batched-bench separates text generation from prompt processing) and end to end.
+sides; the median of --repeats runs on each side). Aggregates are printed twice: decode (the steady
+state while all rows decode, prefills excluded, as llama.cpp's batched-bench separates text generation
+from prompt processing) and end to end.
 
     python bench/decode.py [--models smollm2,qwen2.5-0.5b] [--new-tokens 128] [--batches 1,4,16]
     python bench/decode.py --random-config qwen3-8b --dtype bfloat16   # random weights, jaxchat only

@@ -9,12 +9,13 @@ Contract of `sample(logits, bitmask, counts, prompt_mask, params, valid_vocab)`:
   fold_in(fold_in(key(0), seed), step) per row.  Temperature 0 means greedy (argmax after penalties/mask).
 - The returned token is always allowed by the row's mask when the mask allows anything: if the draw lands
   outside it or on a non-finite logit (e.g. NaN logits), the best allowed token is used instead.
-- Every parameter is an array, so changing values never recompiles; branches that no row needs (the
-  top-k/top-p thresholds, the random draw, logprobs) are skipped at run time with `lax.cond`.
-- Argmax over the vocabulary is two-level (`row_argmax`: the max of each block of columns, then the argmax
-  inside the winning block), the same as `jnp.argmax` with NaN read as -inf (first maximum; a row of
-  only -inf/NaN gives 0), but 10-25x faster on XLA:CPU, whose variadic argmax reduction does not vectorise. The random draw is
-  Gumbel-max over the same argmax.
+- Every parameter is an array, so changing values never recompiles; work that no row needs is skipped
+  at run time: one flat `lax.switch` picks greedy, draw, or draw with the top-k/top-p thresholds, and
+  `lax.cond`s skip the fallback and the logprobs.
+- Argmax over the vocabulary is two-level (`row_argmax`: the max of each block of columns, then the
+  argmax inside the winning block), the same as `jnp.argmax` with NaN read as -inf (first maximum; a
+  row of only -inf/NaN gives 0), but 10-25x faster on XLA:CPU, whose variadic argmax reduction does not
+  vectorise. The random draw is Gumbel-max over the same argmax.
 - Logprobs are of the model's raw distribution (padding excluded): the chosen token's and the top
   `LOGPROB_TOPK`, computed when any row asks for them (zeros otherwise).
 """

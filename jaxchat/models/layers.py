@@ -3,11 +3,11 @@ and the decoder stack that scans the stacked layers.
 
 Contract:
 - Every parameter is an `nnx.Param` carrying `axes`, its logical axis names ("embed", "heads",
-  "kv_heads", "head_dim", "mlp", "gate_up", "vocab", "norm"); stacked layer params get a leading "layers" axis.
-  Projection weights keep heads explicit: qkv [embed, kv_heads, groups + 2, head_dim] (per kv head its
-  query heads, key, value), o [heads, head_dim, embed]; the
-  MLP's gate and up projections are one param gate_up [embed, 2, mlp] (gate at 0, up at 1); the token
-  embedding is stored transposed, embed [embed, vocab] (also the tied lm head).
+  "kv_heads", "qkv", "head_dim", "mlp", "gate_up", "vocab", "norm"); stacked layer params get a leading
+  "layers" axis. Projection weights keep heads explicit: qkv [embed, kv_heads, groups + 2, head_dim]
+  (per kv head its query heads, key, value), o [heads, head_dim, embed]; the MLP's gate and up
+  projections are one param gate_up [embed, 2, mlp] (gate at 0, up at 1); the token embedding is
+  stored transposed, embed [embed, vocab] (also the tied lm head).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear" and Llama 3 ("llama3") frequency schedules.
@@ -133,7 +133,7 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache, keys, values = kv_io(cache, k, v, positions, at)
         b, t = positions.shape
-        kvh, hd, g = k.shape[2], q.shape[-1], self.groups
+        kvh, hd = k.shape[2], q.shape[-1]
         if not at[2]:  # [B, S, KV, D] -> keys [B, KV, D, S], values [B, KV, S, D]
             keys, values = keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3)
         span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)

@@ -11,6 +11,7 @@ target dtype, stacks layers on axis 0 and places the result (with `NamedSharding
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,10 +130,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         if e.path not in buffers:
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
 
-    parts = {p: 1 for p in shapes}
-    for e in tab.values():
-        if e.part is not None and e.layer in (None, 0):
-            parts[e.path] = sum(1 for f in tab.values() if f.path == e.path and f.layer == e.layer)
+    parts = Counter(e.path for e in tab.values() if e.layer in (None, 0))  # HF tensors per param (per layer)
     for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
@@ -145,7 +143,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         buffers[e.path][index if index else ...] = x
         filled[e.path] += 1
     for p, n in filled.items():
-        want = (cfg.num_layers if p[0] == "layers" else 1) * parts[p]
+        want = (cfg.num_layers if p[0] == "layers" else 1) * max(parts[p], 1)
         if n != want:
             raise ModelLoadError(f"param {'/'.join(p)} got {n} tensors, expected {want}")
     specs = None
