@@ -6,9 +6,9 @@ jaxchat's aggregate tokens/s at batch 1, 4 and 16 and the ratio to batch 1, how 
 agree, and the fraction of the memory-bandwidth bound at batch 1: achieved tokens/s divided by
 (measured numpy copy bandwidth / weight bytes read per step).  The copy bandwidth counts bytes read plus
 bytes written.  Batch-1 timings against transformers include the prefill (the same prompt on both
-sides; the median of --repeats runs on each side). Aggregates are printed twice: decode (the steady
-state while all rows decode, prefills excluded, as llama.cpp's batched-bench separates text generation
-from prompt processing) and end to end.
+sides; the median of --repeats runs on each side). Every jaxchat batch size is the median of --repeats
+runs too. Aggregates are printed twice: decode (the steady state while all rows decode, prefills
+excluded, as llama.cpp's batched-bench separates text generation from prompt processing) and end to end.
 
     python bench/decode.py [--models smollm2,qwen2.5-0.5b] [--new-tokens 128] [--batches 1,4,16]
     python bench/decode.py --random-config qwen3-8b --dtype bfloat16   # random weights, jaxchat only
@@ -144,7 +144,7 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
         run_jaxchat(engine, prompt, 8, 1)  # first-request effects (allocation) out of the timing
         first = None
         for b in batches:
-            runs = [run_jaxchat(engine, prompt, args.new_tokens, b) for _ in range(args.repeats if b == 1 else 1)]
+            runs = [run_jaxchat(engine, prompt, args.new_tokens, b) for _ in range(args.repeats)]
             rates[b] = float(np.median([r[0] for r in runs]))
             decode_rates[b] = float(np.median([r[1] for r in runs]))
             first = runs[0][2] if first is None else first
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS), help="random weights of a real shape")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3, help="batch-1 runs per side; the median is reported")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per side and batch size; the median is reported")
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
     from jaxchat.engine.host_memory import keep_freed_memory

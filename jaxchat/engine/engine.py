@@ -7,7 +7,7 @@ Contract:
   request compiles. Decode attends over max_context, max_context/2 or max_context/4 positions, the
   smallest that covers every running row (`default_span_buckets`).
 - `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
-  has `finished=True`.  Leaving the loop early (break, cancellation) aborts the request.
+  has `finished=True`. Deltas reach the caller's event loop once per engine step (`Mailbox`).  Leaving the loop early (break, cancellation) aborts the request.
 - `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
   `engine.abort(request_id)` frees the request's slot at the next step ("abort").
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import threading
 import uuid
@@ -29,6 +30,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.engine.compiles import compile_count
+from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, pow2_buckets
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
@@ -73,6 +75,7 @@ class Engine:
         if warmup:
             self.runner.warmup()
         self._compiles_at_ready = compile_count()
+        self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -125,7 +128,9 @@ class Engine:
             except Exception as e:  # a device step failed: fail the affected requests, keep serving
                 log.exception("engine step failed")
                 sched.fail_all(f"engine step failed: {type(e).__name__}: {e}")
+            self._mailbox.flush()
         sched.fail_all("engine shut down")
+        self._mailbox.flush()
 
     # ---- requests -------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, callback: Callable[[GenerationOutput], None]) -> str:
@@ -149,12 +154,12 @@ class Engine:
         queue: asyncio.Queue[GenerationOutput] = asyncio.Queue()
         rid_box: list[str] = []
 
+        def caller_gone() -> None:
+            if rid_box:
+                self.scheduler.abort(rid_box[0])
+
         def emit(out: GenerationOutput) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, out)
-            except RuntimeError:  # the caller's event loop is gone
-                if rid_box:
-                    self.scheduler.abort(rid_box[0])
+            self._mailbox.post(loop, functools.partial(queue.put_nowait, out), caller_gone)
 
         rid = self.submit(request, emit)
         rid_box.append(rid)

@@ -19,7 +19,9 @@ Contract:
   untouched); `logits_index` int32[B]: return only the logits at that step of each row, [B, 1, vocab]
   (prefill needs one position, not the whole bucket); `attend_len` (static int): every position in the
   batch is below it, so attention reads only the first attend_len cache positions (the cache is still
-  written in full).
+  written in full); `head_vd` [vocab, hidden] (`vocab_major_head(params)`, a copy of the lm head
+  stored vocab-major): the logits are computed from it instead (same values; faster for several rows
+  on CPU, see `layers.vocab_major_logits`).
 - Fast layout (what the engine uses on CPU): `unstack_layers(params)` splits the stacked layers into
   a tuple of per-layer dicts (zero-copy on one CPU device) and `layer_cache(config, B, S)` gives
   per-layer caches: tuples of num_layers arrays, keys [B, num_kv_heads, head_dim, S] (transposed)
@@ -137,7 +139,7 @@ class LoadedModel:
         self.source = source
 
     def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None,
-                attend_len=None):
+                attend_len=None, head_vd=None):
         """Pure forward over the cache; see the module docstring for the contract."""
         from flax import nnx
 
@@ -145,9 +147,17 @@ class LoadedModel:
         if isinstance(layers, (tuple, list)):  # unstacked (see `unstack_layers`): a Python loop over layers
             module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
             return module(tokens, positions, cache_k, cache_v, row_offset, logits_index,
-                          layer_states=tuple(layers), attend_len=attend_len)
+                          layer_states=tuple(layers), attend_len=attend_len, head_vd=head_vd)
         module = nnx.merge(self.graphdef, params)
-        return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len)
+        return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len,
+                      head_vd=head_vd)
+
+    def vocab_major_head(self, params):
+        """The lm head as a new [vocab, hidden] array (the tied embedding or `lm_head`, transposed)."""
+        import jax.numpy as jnp
+
+        head = params["embed"] if self.config.tie_word_embeddings else params["lm_head"]
+        return jnp.transpose(head).copy()
 
     def unstack_layers(self, params) -> dict:
         return unstack_layers(params)

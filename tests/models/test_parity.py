@@ -90,3 +90,20 @@ def test_bf16_sharded_checkpoint_loads(tmp_path):
                                   ck, cv)
         assert logits.dtype == jnp.float32
         assert np.abs(np.asarray(logits) - ref).max() <= tol
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vocab_major_head_matches_transformers(family, tiny_dirs, loaded):
+    """Logits read from the lm head's vocab-major copy (the CPU runner's batched decode) for several rows
+    equal transformers' (tied and untied heads)."""
+    _, ref_model = tiny_dirs[family]
+    lm = loaded[family]
+    c = lm.config
+    head = lm.vocab_major_head(lm.params)
+    assert head.shape == (c.vocab_size, c.hidden_size)
+    ids = np.random.default_rng(3).integers(0, 256, (3, 12))
+    ck, cv = empty_cache(c, 3, 16, jnp.float32)
+    fwd = jax.jit(lambda p, h, t, pos, k, v: lm.forward(p, t, pos, k, v, head_vd=h))
+    pos = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (3, 12))
+    logits, _, _ = fwd(lm.params, head, jnp.asarray(ids, jnp.int32), pos, ck, cv)
+    assert np.abs(np.asarray(logits) - reference_logits(ref_model, ids)).max() <= TOL
