@@ -61,9 +61,9 @@ def mlp_entries(cfg: ModelConfig, i: int) -> list[Entry]:
     d, f = cfg.hidden_size, cfg.intermediate_size
     p = f"model.layers.{i}.mlp."
     return [
-        Entry(p + "gate_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 0, 1)),
-        Entry(p + "up_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "t", part=(1, 1, 2)),
-        Entry(p + "down_proj.weight", ("layers", "mlp", "down"), i, (d, f), "t"),
+        Entry(p + "gate_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "id", part=(0, 0, 1)),
+        Entry(p + "up_proj.weight", ("layers", "mlp", "gate_up"), i, (f, d), "id", part=(0, 1, 2)),
+        Entry(p + "down_proj.weight", ("layers", "mlp", "down"), i, (d, f), "id"),
     ]
 
 

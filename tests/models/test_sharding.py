@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     specs = sharded.partition_specs(mesh)
     assert specs["layers"]["attn"]["o"] == P(None, "tp", None, None), specs["layers"]["attn"]["o"]
     assert specs["layers"]["attn"]["qkv"] == P(None, None, None, None, None)  # 2 kv heads: replicated
-    assert specs["layers"]["mlp"]["down"] == P(None, "tp", None)
+    assert specs["layers"]["mlp"]["down"] == P(None, None, "tp")
     assert sharded.params["layers"]["attn"]["o"].sharding.spec == specs["layers"]["attn"]["o"]
     restored = load_model(save_orbax(sharded, out), mesh=mesh)
     assert restored.params["layers"]["mlp"]["gate_up"].sharding == NamedSharding(mesh, specs["layers"]["mlp"]["gate_up"])
