@@ -7,7 +7,8 @@ Contract:
   request compiles. Decode attends over max_context, max_context/2 or max_context/4 positions, the
   smallest that covers every running row (`default_span_buckets`).
 - `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
-  has `finished=True`. Deltas reach the caller's event loop once per engine step (`Mailbox`).  Leaving the loop early (break, cancellation) aborts the request.
+  has `finished=True`; deltas reach the caller's event loop once per engine step (`Mailbox`). Leaving
+  the loop early (break, cancellation) aborts the request.
 - `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
   `engine.abort(request_id)` frees the request's slot at the next step ("abort").
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,

@@ -94,8 +94,7 @@ def split_vocab_major_head(params) -> tuple[Any, jax.Array | None]:
 
 def _vocab_major_copy(model, params, mesh: Mesh) -> jax.Array:
     """`model.vocab_major_head(params)` placed with the source head's sharding, axes swapped."""
-    src = params["embed"] if model.config.tie_word_embeddings else params["lm_head"]
-    spec = tuple(getattr(src.sharding, "spec", ())) + (None, None)
+    spec = tuple(getattr(model.lm_head_weight(params).sharding, "spec", ())) + (None, None)
     return jax.device_put(model.vocab_major_head(params), NamedSharding(mesh, P(spec[1], spec[0])))
 
 

@@ -152,12 +152,15 @@ class LoadedModel:
         return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len,
                       head_vd=head_vd)
 
+    def lm_head_weight(self, params):
+        """The lm head's [hidden, vocab] param: the tied embedding table or `lm_head`."""
+        return params["embed"] if self.config.tie_word_embeddings else params["lm_head"]
+
     def vocab_major_head(self, params):
-        """The lm head as a new [vocab, hidden] array (the tied embedding or `lm_head`, transposed)."""
+        """The lm head as a new [vocab, hidden] array (`lm_head_weight`, transposed)."""
         import jax.numpy as jnp
 
-        head = params["embed"] if self.config.tie_word_embeddings else params["lm_head"]
-        return jnp.transpose(head).copy()
+        return jnp.transpose(self.lm_head_weight(params)).copy()
 
     def unstack_layers(self, params) -> dict:
         return unstack_layers(params)
