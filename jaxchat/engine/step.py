@@ -18,8 +18,9 @@ Contract:
 - The forward writes and reads the cache rows in place (`row_offset`: decode uses rows 0..b-1 of the full
   cache, prefill row `slot`), and prefill asks for the last prompt token's logits only (`logits_index`).
 - On CPU, when the forward belongs to a model with `unstack_layers`/`layer_cache` (`jaxchat.models`), the
-  runner holds per-layer weights (zero-copy views) and a per-layer cache, so the forward unrolls the layer
-  loop: XLA on CPU copies a layer's weights out of a stacked array on every step otherwise.  On accelerators
+  runner holds per-layer weights (zero-copy views) and a per-layer cache cut at the span buckets, so the
+  forward unrolls the layer loop (XLA on CPU copies a layer's weights out of a stacked array on every step
+  otherwise) and a span reads whole chunk buffers (a prefix sliced out of one buffer is a copy).  On accelerators
   the stacked params and cache are scanned (one compact program, no extra weight memory).
 - On CPU, decode buckets of more than one row compute the logits from a vocab-major copy of the lm
   head (`LoadedModel.vocab_major_head`, kept next to the params under "head_vd"): XLA:CPU's GEMM runs
@@ -46,8 +47,8 @@ from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 
 
 class DecodeState(NamedTuple):
-    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or (CPU) a tuple of per-layer [max_batch, kv, hd, S]
-    cache_v: Any  # stacked like cache_k, or (CPU) a tuple of per-layer [max_batch, kv, S, hd]
+    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or (CPU) per layer a tuple of chunks [max_batch, kv, hd, w]
+    cache_v: Any  # stacked like cache_k, or (CPU) per layer a tuple of chunks [max_batch, kv, w, hd]
     counts: jax.Array  # i32[max_batch, V]
     prompt_mask: jax.Array  # bool[max_batch, V]
 
@@ -159,9 +160,9 @@ class StepRunner:
         if self.unrolled:
             del cache_k, cache_v
             params = model.unstack_layers(params)
-            cache_k, cache_v = model.layer_cache(self.max_batch, self.max_context)
+            cache_k, cache_v = model.layer_cache(self.max_batch, self.max_context, spans=self.span_buckets)
             cache_sh = NamedSharding(mesh, P(None, "tp", None, None)) if tp else rep
-            cache_sh = tuple(cache_sh for _ in cache_k)
+            cache_sh = jax.tree.map(lambda _: cache_sh, cache_k)  # per layer, per position chunk
         else:
             cache_sh = NamedSharding(mesh, P(None, None, None, "tp", None)) if tp else rep
         if self.unrolled and max(batch_buckets) > 1 and hasattr(model, "vocab_major_head"):

@@ -18,14 +18,15 @@ Contract:
   cache may hold more rows Bc >= B, and token row b uses cache row row_offset + b (rows outside are
   untouched); `logits_index` int32[B]: return only the logits at that step of each row, [B, 1, vocab]
   (prefill needs one position, not the whole bucket); `attend_len` (static int): every position in the
-  batch is below it, so attention reads only the first attend_len cache positions (the cache is still
-  written in full); `head_vd` [vocab, hidden] (`vocab_major_head(params)`, a copy of the lm head
+  batch is below it, so attention reads only the first attend_len cache positions (every write is below
+  them); `head_vd` [vocab, hidden] (`vocab_major_head(params)`, a copy of the lm head
   stored vocab-major): the logits are computed from it instead (same values; faster for several rows
   on CPU, see `layers.vocab_major_logits`).
 - Fast layout (what the engine uses on CPU): `unstack_layers(params)` splits the stacked layers into
   a tuple of per-layer dicts (zero-copy on one CPU device) and `layer_cache(config, B, S)` gives
-  per-layer caches: tuples of num_layers arrays, keys [B, num_kv_heads, head_dim, S] (transposed)
-  and values [B, num_kv_heads, S, head_dim]. With these the
+  per-layer caches, per layer a tuple of position chunks (cut at the attention spans the caller will
+  use, `spans=`), keys [B, num_kv_heads, head_dim, w] (transposed) and values [B, num_kv_heads, w,
+  head_dim]; with `attend_len` only the chunks below it are written and read. With these the
   forward is a Python loop over layers (no per-layer dynamic slice of weights or cache, which XLA on
   CPU copies) and returns the caches as tuples. Stacked params with the stacked cache scan the layers
   (compact program, preferred on accelerators).
@@ -165,8 +166,8 @@ class LoadedModel:
     def unstack_layers(self, params) -> dict:
         return unstack_layers(params)
 
-    def layer_cache(self, batch: int, max_len: int):
-        return layer_cache(self.config, batch, max_len, self.dtype)
+    def layer_cache(self, batch: int, max_len: int, spans=()):
+        return layer_cache(self.config, batch, max_len, self.dtype, spans)
 
     def partition_specs(self, mesh) -> dict:
         from jaxchat.models.sharding import param_partition_specs
@@ -195,14 +196,20 @@ def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
 
-def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
-    """Zeroed per-layer caches: keys, a tuple of num_layers [batch, num_kv_heads, head_dim, max_len] (stored
-    transposed, so decode attention is a plain batched matmul), and values, [batch, num_kv_heads, max_len, head_dim]."""
+def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32", spans=()):
+    """Zeroed per-layer caches, each layer cut along positions at every span in `spans` below max_len (none:
+    one chunk), each chunk its own buffer: keys, a tuple of num_layers tuples of [batch, num_kv_heads,
+    head_dim, w] (stored transposed, so decode attention is a plain batched matmul), and values, the same
+    of [batch, num_kv_heads, w, head_dim]. Attending over one of those spans (`attend_len`) then reads and
+    writes whole buffers: on CPU, slicing a prefix out of one buffer is a copy that cost more than the
+    attention itself."""
     import jax.numpy as jnp
 
     kv, hd = config.num_kv_heads, config.head_dim
-    return (tuple(jnp.zeros((batch, kv, hd, max_len), dtype) for _ in range(config.num_layers)),
-            tuple(jnp.zeros((batch, kv, max_len, hd), dtype) for _ in range(config.num_layers)))
+    ends = sorted({int(s) for s in spans if 0 < int(s) < max_len} | {max_len})
+    widths = [end - start for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+    return (tuple(tuple(jnp.zeros((batch, kv, hd, w), dtype) for w in widths) for _ in range(config.num_layers)),
+            tuple(tuple(jnp.zeros((batch, kv, w, hd), dtype) for w in widths) for _ in range(config.num_layers)))
 
 
 def unstack_layers(params: dict) -> dict:

@@ -12,10 +12,10 @@ Contract:
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear" and Llama 3 ("llama3") frequency schedules.
-- `attend` writes the new k/v into layer `l` of the full cache (scatter; positions < 0 dropped) and
+- Attention writes the new k/v into its layer of the cache (scatter; positions < 0 dropped) and
   attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32; with
   `attend_len=S'` (static, larger than every position in the batch) only the first S' cache positions
-  are read.
+  are read (`attention_span`: whole chunks of a per-layer chunked cache, which are the only ones written).
 """
 
 from __future__ import annotations
@@ -92,6 +92,19 @@ def apply_rope(x, cos, sin):
     return out.astype(x.dtype)
 
 
+def attention_span(cache_v, attend_len=None) -> int:
+    """Cache positions attention reads: all of them, or with `attend_len` (every position in the batch is
+    below it) the first attend_len, rounded up to whole chunks for a per-layer chunked cache."""
+    if not isinstance(cache_v, (tuple, list)):  # stacked [L, B, S, KV, D]
+        return cache_v.shape[2] if attend_len is None else min(cache_v.shape[2], int(attend_len))
+    span = 0
+    for w in (c.shape[2] for c in cache_v[0]):  # layer 0's chunks
+        if attend_len is not None and span >= attend_len:
+            break
+        span += w
+    return span
+
+
 def attention_mask(positions, cache_len: int, window: int | None):
     """Boolean [B, T, S]: cache position p is visible to the token at q iff p <= q (and p > q - window)."""
     p = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
@@ -132,61 +145,72 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache, keys, values = kv_io(cache, k, v, positions, at)
+        span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
+        cache, keys, values = kv_io(cache, k, v, positions, at, span)
         b, t = positions.shape
         kvh, hd = k.shape[2], q.shape[-1]
-        if not at[2]:  # [B, S, KV, D] -> keys [B, KV, D, S], values [B, KV, S, D]
-            keys, values = keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3)
-        span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
-        if span < keys.shape[-1]:
-            keys, values = keys[..., :span], values[:, :, :span]
-        # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims
+        # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims, one per
+        # cache chunk (keys [B, KV, D, w], values [B, KV, w, D]), the scores concatenated along positions
         qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
         batch = ((0, 1), (0, 1))
-        scores = jax.lax.dot_general(qg, keys.astype(q.dtype), (((3,), (2,)), batch),
-                                     preferred_element_type=jnp.float32) * self.scale  # [B, KV, G*T, S]
+        scores = jnp.concatenate([jax.lax.dot_general(qg, kc.astype(q.dtype), (((3,), (2,)), batch),
+                                                      preferred_element_type=jnp.float32) for kc in keys],
+                                 axis=-1) * self.scale  # [B, KV, G*T, S]
         if self.softcap is not None:
             scores = jnp.tanh(scores / self.softcap) * self.softcap
         scores = scores.reshape(b, kvh, g, t, -1)
         scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(b, kvh, g * t, -1)
-        out = jax.lax.dot_general(probs, values, (((3,), (2,)), batch))  # [B, KV, G*T, D]
+        probs = jax.nn.softmax(scores, axis=-1).astype(values[0].dtype).reshape(b, kvh, g * t, -1)
+        out, start = None, 0
+        for vc in values:
+            w = vc.shape[2]
+            part = jax.lax.dot_general(probs[..., start:start + w], vc, (((3,), (2,)), batch))  # [B, KV, G*T, D]
+            out, start = part if out is None else out + part, start + w
         out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, hd)
         out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
         return out, cache
 
 
-def kv_io(cache, k, v, positions, at):
-    """Write the new k/v [B, T, KV, D] into the cache and return (cache, keys, values) of the B rows.
+def kv_io(cache, k, v, positions, at, span):
+    """Write the new k/v [B, T, KV, D] into the cache and return (cache, keys, values) of the B rows over
+    the first `span` positions: keys a list of [B, KV, D, w] and values of [B, KV, w, D] arrays, one per
+    position chunk (their widths add up to span).
 
-    `at = (layer, row_offset, kv_major)`: `layer` indexes a stacked cache [L, Bc, S, KV, D] (None: the
-    cache is one layer's, keys [Bc, KV, D, S] and values [Bc, KV, S, D] when kv_major, else both
-    [Bc, S, KV, D]); the B token rows are the cache rows row_offset .. row_offset + B - 1. Padding
-    positions (< 0) write nothing. Returned keys/values are [B, KV, D, S] / [B, KV, S, D] when kv_major.
+    `at = (layer, row_offset, per_layer)`: `layer` indexes a stacked cache [L, Bc, S, KV, D]; with
+    `per_layer` the cache is one layer's (`base.layer_cache`): tuples of chunks, keys [Bc, KV, D, w] and
+    values [Bc, KV, w, D], of which only those starting below span are written and returned (every
+    position is below span). The B token rows are the cache rows row_offset .. row_offset + B - 1.
+    Padding positions (< 0) write nothing.
     """
-    layer, row_offset, kv_major = at
+    layer, row_offset, per_layer = at
     ck, cv = cache
     b, t = positions.shape
-    s = cv.shape[2] if (kv_major or layer is not None) else cv.shape[1]
     rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None] + row_offset, (b, t))
+    k, v = k.astype(cv[0].dtype if per_layer else cv.dtype), v.astype(cv[0].dtype if per_layer else cv.dtype)
+
+    def own_rows(x):
+        return x if x.shape[0] == b else jax.lax.dynamic_slice_in_dim(x, row_offset, b, axis=0)
+
+    if per_layer:
+        ck, cv, keys, values, start = list(ck), list(cv), [], [], 0
+        for i, w in enumerate(c.shape[2] for c in cv):
+            if start >= span:
+                break
+            # positions outside this chunk (and padding) go out of bounds and are dropped
+            cols = jnp.where((positions >= start) & (positions < start + w), positions - start, w)
+            ck[i] = ck[i].at[rows, :, :, cols].set(k, mode="drop")  # keys stored transposed
+            cv[i] = cv[i].at[rows, :, cols].set(v, mode="drop")
+            keys.append(own_rows(ck[i]))
+            values.append(own_rows(cv[i]))
+            start += w
+        return (tuple(ck), tuple(cv)), keys, values
+    s = ck.shape[2]
     cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
-    k, v = k.astype(ck.dtype), v.astype(cv.dtype)
-    if layer is not None:
-        ck = ck.at[layer, rows, cols].set(k, mode="drop")
-        cv = cv.at[layer, rows, cols].set(v, mode="drop")
-        keys, values = ck[layer], cv[layer]
-    elif kv_major:
-        ck = ck.at[rows, :, :, cols].set(k, mode="drop")  # keys stored transposed: [Bc, KV, D, S]
-        cv = cv.at[rows, :, cols].set(v, mode="drop")
-        keys, values = ck, cv
-    else:
-        ck = ck.at[rows, cols].set(k, mode="drop")
-        cv = cv.at[rows, cols].set(v, mode="drop")
-        keys, values = ck, cv
-    if keys.shape[0] != b:
-        keys = jax.lax.dynamic_slice_in_dim(keys, row_offset, b, axis=0)
-        values = jax.lax.dynamic_slice_in_dim(values, row_offset, b, axis=0)
-    return (ck, cv), keys, values
+    ck = ck.at[layer, rows, cols].set(k, mode="drop")
+    cv = cv.at[layer, rows, cols].set(v, mode="drop")
+    keys, values = own_rows(ck[layer]), own_rows(cv[layer])  # [B, S, KV, D]
+    keys, values = keys.transpose(0, 2, 3, 1)[..., :span], values.transpose(0, 2, 1, 3)[:, :, :span]
+    return (ck, cv), [keys], [values]
 
 
 class MLP(nnx.Module):
@@ -288,9 +312,7 @@ class CausalLM(nnx.Module):
         x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        s = cache_v[0].shape[2] if isinstance(cache_v, (tuple, list)) else cache_v.shape[2]
-        if attend_len is not None:  # every position of every row is below attend_len: a shorter attention
-            s = min(s, int(attend_len))
+        s = attention_span(cache_v, attend_len)
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob

@@ -107,3 +107,41 @@ def test_vocab_major_head_matches_transformers(family, tiny_dirs, loaded):
     pos = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (3, 12))
     logits, _, _ = fwd(lm.params, head, jnp.asarray(ids, jnp.int32), pos, ck, cv)
     assert np.abs(np.asarray(logits) - reference_logits(ref_model, ids)).max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chunked_layer_cache_with_spans_matches_transformers(family, tiny_dirs, loaded):
+    """The CPU runner's layout: per-layer params and a per-layer cache cut at the attention spans. Two rows
+    prefilled at different lengths, then decoded one token at a time across the cuts, each step attending
+    over the smallest span above every position, give transformers' logits (gemma3's sliding window of 8
+    falls inside and across the chunks)."""
+    from jaxchat.models import layer_cache, unstack_layers
+
+    _, ref_model = tiny_dirs[family]
+    lm = loaded[family]
+    spans = (8, 16, 24, 40)
+    ck, cv = layer_cache(lm.config, 2, 40, jnp.float32, spans=spans)
+    assert [c.shape[2] for c in cv[0]] == [8, 8, 8, 16]
+    assert [c.shape[3] for c in ck[0]] == [8, 8, 8, 16]
+    params = {**lm.params, "layers": unstack_layers(lm.params)["layers"]}
+    rng = np.random.default_rng(4)
+    seqs = [rng.integers(0, 256, 30), rng.integers(0, 256, 26)]
+    lens = [6, 11]  # prompt lengths
+    toks = np.zeros((2, 16), np.int32)
+    pos = -np.ones((2, 16), np.int32)
+    for r, n in enumerate(lens):
+        toks[r, :n], pos[r, :n] = seqs[r][:n], np.arange(n)
+    fwd = jax.jit(lm.forward, static_argnames="attend_len")
+    logits, ck, cv = fwd(params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
+    got = [[np.asarray(logits)[r, n - 1]] for r, n in enumerate(lens)]
+    steps = min(len(s) - n for s, n in zip(seqs, lens, strict=True))
+    for i in range(steps):
+        p = np.array([[n + i] for n in lens], np.int32)
+        t = np.array([[seqs[r][lens[r] + i]] for r in range(2)], np.int32)
+        span = next(s for s in spans if s > p.max())
+        logits, ck, cv = fwd(params, jnp.asarray(t), jnp.asarray(p), ck, cv, attend_len=span)
+        for r in range(2):
+            got[r].append(np.asarray(logits)[r, 0])
+    for r, n in enumerate(lens):
+        ref = reference_logits(ref_model, seqs[r][None, :n + steps])[0, n - 1:]
+        assert np.abs(np.stack(got[r]) - ref).max() <= TOL
