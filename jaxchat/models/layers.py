@@ -186,7 +186,8 @@ def kv_io(cache, k, v, positions, at, span):
     ck, cv = cache
     b, t = positions.shape
     rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None] + row_offset, (b, t))
-    k, v = k.astype(cv[0].dtype if per_layer else cv.dtype), v.astype(cv[0].dtype if per_layer else cv.dtype)
+    dtype = (cv[0] if per_layer else cv).dtype
+    k, v = k.astype(dtype), v.astype(dtype)
 
     def own_rows(x):
         return x if x.shape[0] == b else jax.lax.dynamic_slice_in_dim(x, row_offset, b, axis=0)
@@ -255,7 +256,7 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
     With stacked params (`layer_states` None) the blocks are scanned over the stacked cache; with
     `layer_states` (a tuple of per-layer param dicts) the loop is unrolled in Python, so every layer's
     weights are their own buffers (no per-layer dynamic slice, which copies the weights on CPU). The
-    cache is then either stacked or a tuple of per-layer [Bc, KV, S, D] arrays.
+    cache is then either stacked or per layer a tuple of position chunks (`base.layer_cache`).
     """
     graphdef, state = nnx.split(layers)
     n = len(sliding)
