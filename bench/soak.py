@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-growth", type=float, default=0.10)
     args = p.parse_args(argv)
 
-    from jaxchat.engine.service import build_chat_service
+    from jaxchat.api import build_chat_service
     from tests.reliability.tiny import tiny_checkpoint
     from tests.server.conftest import Live
 

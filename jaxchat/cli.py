@@ -55,7 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
     from jaxchat.engine.host_memory import keep_freed_memory, release_freed_memory
 
     keep_freed_memory()  # before jax starts its threads
-    from jaxchat.engine.service import build_chat_service
+    from jaxchat.api import build_chat_service
     from jaxchat.server.run import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -66,7 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         serve(service, host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level.lower())
     finally:
-        service.engine.shutdown()
+        service.close()
     return 0
 
 

@@ -1,10 +1,12 @@
 """`jaxchat.LLM`: the in-process API for notebooks, on the same serving pipeline as the server.
 
-Contract: `LLM(model=None)` loads a model (the default model when None) and runs its engine;
-`.chat(messages, tools=..., tool_choice=..., response_format=..., stream=False)` returns the same
-`chat.completion` dict the server returns (or, with `stream=True`, an iterator of the same chunk
+Contract: `LLM(model=None, limits=Limits())` loads a model (the default model when None) and runs its
+engine; `.chat(messages, tools=..., tool_choice=..., response_format=..., stream=False)` returns the
+same `chat.completion` dict the server returns (or, with `stream=True`, an iterator of the same chunk
 dicts); `.generate(prompt, max_tokens=..., temperature=0.0, ignore_eos=False)` returns a `Completion`
-with `.text` and `.token_ids`. Requests are validated exactly as the server validates them.
+with `.text` and `.token_ids`. Requests are read by the same `jaxchat.api` readers, with the same
+`Limits`, as the server's, so a bad call raises `jaxchat.chat.RequestError` naming the field.
+`LLM.from_service(service)` wraps an already built pipeline. Only `jaxchat.api` is used: no starlette.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from jaxchat.api import ChatService, Limits, build_chat_service, parse_chat_request, parse_completion_request
 
 
 @dataclass
@@ -23,10 +27,20 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "float32", **kwargs) -> None:
-        from jaxchat.engine.service import build_chat_service
+    def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "float32",
+                 limits: Limits | None = None, **kwargs) -> None:
+        self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype, **kwargs),
+                    limits)
 
-        self.service = build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype, **kwargs)
+    @classmethod
+    def from_service(cls, service: ChatService, limits: Limits | None = None) -> LLM:
+        llm = cls.__new__(cls)
+        llm._start(service, limits)
+        return llm
+
+    def _start(self, service: ChatService, limits: Limits | None) -> None:
+        self.service = service
+        self.limits = limits or Limits()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jaxchat-llm", daemon=True)
         self._thread.start()
@@ -43,50 +57,36 @@ class LLM:
     def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def _body(self, messages, **fields) -> dict:
-        from jaxchat.server.validate import validate_chat_body
-
-        body = {"model": self.model_id, "messages": messages, **{k: v for k, v in fields.items() if v is not None}}
-        return validate_chat_body(body, max_context=self.service.max_context)
-
     def chat(self, messages, tools=None, tool_choice=None, response_format=None, stream: bool = False, **kwargs):
-        body = self._body(messages, tools=tools, tool_choice=tool_choice, response_format=response_format, **kwargs)
+        body = {"messages": messages, "tools": tools, "tool_choice": tool_choice, "response_format": response_format,
+                "stream": stream, **kwargs}
+        request = parse_chat_request(body, self.limits, self.service.max_context)
         if not stream:
-            return self._run(self.service.chat_completion(body))
-        return self._stream(body)
+            return self._run(self.service.chat_completion(request))
+        return self._stream(request)
 
-    def _stream(self, body: dict) -> Iterator[dict]:
-        agen = self.service.chat_completion_stream(body)
+    def _stream(self, request) -> Iterator[dict]:
+        chunks = self.service.chat_completion_stream(request)
         try:
             while True:
                 try:
-                    chunk = self._run(agen.__anext__())
+                    chunk = self._run(chunks.__anext__())
                 except StopAsyncIteration:
                     return
                 yield chunk
         finally:
-            self._run(agen.aclose())
+            self._run(chunks.aclose())
 
     def generate(self, prompt: str | list[int], max_tokens: int = 64, temperature: float = 0.0,
                  ignore_eos: bool = False, **sampling) -> Completion:
-        from jaxchat.engine.types import GenerationRequest, SamplingParams
-
-        tokenizer = self.service.tokenizer
-        ids = list(prompt) if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=True)
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos, **sampling)
-
-        async def collect() -> Completion:
-            text, tokens, finish = [], [], None
-            async for out in self.service.engine.generate(GenerationRequest(ids, params)):
-                text.append(out.text)
-                tokens.extend(out.token_ids)
-                finish = out.finish_reason if out.finished else finish
-            return Completion("".join(text), tokens, finish)
-
-        return self._run(collect())
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                **sampling}
+        request = parse_completion_request(body, self.limits, self.service.max_context)
+        result = self._run(self.service.generate(request))
+        return Completion(result.text, result.token_ids, result.finish_reason)
 
     def close(self) -> None:
-        self.service.engine.shutdown()
+        self.service.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
 
     def __enter__(self) -> LLM:

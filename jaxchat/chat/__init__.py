@@ -6,10 +6,11 @@ which a test enforces. The names exported here are the ones DESIGN.md promises.
 """
 
 from jaxchat.chat.detect import chat_format_detect
+from jaxchat.chat.errors import RequestError
 from jaxchat.chat.msg import ChatMsg, ChatMsgDelta, ChatParseOptions, ToolCall
 from jaxchat.chat.parse import chat_parse, make_parser
 from jaxchat.chat.prefill import chat_format_prefill
-from jaxchat.chat.request import ConstraintRequest, RequestError, chat_constraint_request_from_openai
+from jaxchat.chat.request import ConstraintRequest, chat_constraint_request_from_openai
 from jaxchat.chat.spec import FORMAT_KINDS, ChatFormatSpec, chat_format_make
 from jaxchat.chat.stream import ChatStream, apply_deltas, chat_compute_deltas, chat_finish_reason
 from jaxchat.chat.template import ChatTemplate, TemplateError

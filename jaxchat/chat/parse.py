@@ -23,32 +23,12 @@ from jaxchat.chat.args import (
     parse_qwen_xml_call,
 )
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
-from jaxchat.chat.segments import Segments, cut_partial_marker, join_segment
+from jaxchat.chat.parse_harmony import HarmonyParser
+from jaxchat.chat.segments import MarkerScanner, Segments, cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
 _CONTENT, _REASONING, _TOOL = "content", "reasoning", "tool"
 _GEMMA_THOUGHT = "thought"
-
-
-class MarkerScanner:
-    """Finds the first of some markers in `text[pos:end]`, resuming where the last search stopped."""
-
-    def __init__(self) -> None:
-        self.scan_from = 0
-
-    def find(self, text: str, markers: tuple[str, ...], pos: int, end: int) -> tuple[int, str]:
-        longest = max((len(m) for m in markers), default=1)
-        start = max(pos, self.scan_from - longest + 1)
-        best, found = -1, ""
-        for marker in markers:
-            idx = text.find(marker, start, end)
-            if idx >= 0 and (best < 0 or idx < best):
-                best, found = idx, marker
-        self.scan_from = end if best < 0 else best
-        return best, found
-
-    def reset(self, pos: int) -> None:
-        self.scan_from = pos
 
 
 class StopFinder:
@@ -204,8 +184,6 @@ class TaggedParser:
 def make_parser(spec: ChatFormatSpec, options: ChatParseOptions = ChatParseOptions()):
     """A resumable parser for `spec`: call `.parse(text, is_partial)` with ever longer texts."""
     if spec.kind == "harmony":
-        from jaxchat.chat.parse_harmony import HarmonyParser
-
         return HarmonyParser(spec, options)
     return TaggedParser(spec, options)
 

@@ -13,8 +13,7 @@ import re
 
 from jaxchat.chat.args import ArgumentSyntaxError, parse_json_arguments
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
-from jaxchat.chat.parse import MarkerScanner
-from jaxchat.chat.segments import Segments, cut_partial_marker, join_segment
+from jaxchat.chat.segments import MarkerScanner, Segments, cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
 START, END, CALL, RETURN, MESSAGE = "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|message|>"

@@ -2,7 +2,7 @@
 
 Contract
 --------
-`chat_constraint_request_from_openai(body)` reads `tools`, `tool_choice`, `parallel_tool_calls`,
+`chat_constraint_request_from_openai(body, max_tools=None, max_schema_depth=None)` reads `tools`, `tool_choice`, `parallel_tool_calls`,
 `response_format`, `think`, `reasoning_effort` and `chat_template_kwargs` from a decoded
 `/v1/chat/completions` body and returns a frozen `ConstraintRequest`, or raises
 `RequestError(param, message)`, which the server answers with HTTP 400. `param` is the path of the
@@ -33,19 +33,13 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+from jaxchat.chat import request_tools as rt
+from jaxchat.chat.errors import RequestError, expect_bool, expect_name, expect_object, got
+
 # Levels accepted for `reasoning_effort`; "none" turns reasoning off. The upper three are in the
 # installed OpenAI SDK's `ReasoningEffort` too, so a request the SDK builds is never refused.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
-
-
-class RequestError(ValueError):
-    """A request the server must answer with HTTP 400."""
-
-    def __init__(self, param: str | None, message: str):
-        super().__init__(message)
-        self.param = param
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -85,18 +79,21 @@ class ConstraintRequest:
         return tuple(t["function"]["name"] for t in self.tools)
 
 
-def chat_constraint_request_from_openai(body: dict) -> ConstraintRequest:
-    """Validate and normalise an OpenAI chat request body; raise `RequestError` for a 400."""
-    from . import request_tools as rt  # imported here: request_tools needs RequestError from this module
-
+def chat_constraint_request_from_openai(
+    body: dict, *, max_tools: int | None = None, max_schema_depth: int | None = None
+) -> ConstraintRequest:
+    """Validate and normalise an OpenAI chat request body; raise `RequestError` for a 400. The bounds
+    come from the caller's `jaxchat.api.Limits` (None: unbounded)."""
     if not isinstance(body, dict):
-        raise RequestError(None, f"the request body must be a JSON object, got {rt.got(body)}")
-    tools = rt.parse_tools(body.get("tools"))
+        raise RequestError(None, f"the request body must be a JSON object, got {got(body)}")
+    tools = rt.parse_tools(body.get("tools"), max_tools, max_schema_depth)
     tool_choice, allowed, named = rt.parse_tool_choice(
         body.get("tool_choice"), tuple(t["function"]["name"] for t in tools)
     )
-    parallel = rt.expect_bool(body.get("parallel_tool_calls"), "parallel_tool_calls", True)
-    fmt, schema, schema_name, schema_strict, schema_description = _parse_response_format(body.get("response_format"))
+    parallel = expect_bool(body.get("parallel_tool_calls"), "parallel_tool_calls", True)
+    fmt, schema, schema_name, schema_strict, schema_description = _parse_response_format(
+        body.get("response_format"), max_schema_depth
+    )
     allow_reasoning, effort, template_kwargs = _parse_thinking(body)
     return ConstraintRequest(
         tools=tools,
@@ -115,18 +112,18 @@ def chat_constraint_request_from_openai(body: dict) -> ConstraintRequest:
     )
 
 
-def _parse_response_format(raw: object) -> tuple[str, dict | None, str | None, bool, str | None]:
-    from . import request_tools as rt
-
+def _parse_response_format(
+    raw: object, max_schema_depth: int | None
+) -> tuple[str, dict | None, str | None, bool, str | None]:
     if raw is None:
         return "text", None, None, False, None
-    rt.expect_object(raw, "response_format", "an object like {'type': 'json_object'}")
+    expect_object(raw, "response_format", "an object like {'type': 'json_object'}")
     kind = raw.get("type")
     if kind is None:
         raise RequestError("response_format.type", "missing required field: 'text', 'json_object' or 'json_schema'")
     if kind not in RESPONSE_FORMAT_TYPES:
         raise RequestError(
-            "response_format.type", f"expected 'text', 'json_object' or 'json_schema', got {rt.got(kind)}"
+            "response_format.type", f"expected 'text', 'json_object' or 'json_schema', got {got(kind)}"
         )
     if kind != "json_schema":
         return kind, None, None, False, None
@@ -137,30 +134,28 @@ def _parse_response_format(raw: object) -> tuple[str, dict | None, str | None, b
             "missing required field: a response_format of type 'json_schema' needs "
             "a 'json_schema' object with a 'name' and a 'schema'",
         )
-    rt.expect_object(spec, "response_format.json_schema", "an object with 'name' and 'schema'")
-    name = rt.expect_name(spec.get("name"), "response_format.json_schema.name", "response format name")
+    expect_object(spec, "response_format.json_schema", "an object with 'name' and 'schema'")
+    name = expect_name(spec.get("name"), "response_format.json_schema.name", "response format name")
     description = spec.get("description")
     if description is not None and not isinstance(description, str):
-        raise RequestError("response_format.json_schema.description", f"expected a string, got {rt.got(description)}")
+        raise RequestError("response_format.json_schema.description", f"expected a string, got {got(description)}")
     schema = spec.get("schema")
-    schema = {} if schema is None else rt.copy_schema(schema, "response_format.json_schema.schema")
-    strict = rt.expect_bool(spec.get("strict"), "response_format.json_schema.strict", False)
+    schema = {} if schema is None else rt.copy_schema(schema, "response_format.json_schema.schema", max_schema_depth)
+    strict = expect_bool(spec.get("strict"), "response_format.json_schema.strict", False)
     return "json_schema", schema, name, strict, description
 
 
 def _parse_thinking(body: dict) -> tuple[bool, str | None, dict]:
-    from . import request_tools as rt
-
-    think = rt.expect_bool(body.get("think"), "think", True)
+    think = expect_bool(body.get("think"), "think", True)
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
         levels = ", ".join(repr(e) for e in REASONING_EFFORTS)
-        raise RequestError("reasoning_effort", f"expected one of {levels}, got {rt.got(effort)}")
+        raise RequestError("reasoning_effort", f"expected one of {levels}, got {got(effort)}")
     raw_kwargs = body.get("chat_template_kwargs")
     if raw_kwargs is None:
         raw_kwargs = {}
-    rt.expect_object(raw_kwargs, "chat_template_kwargs", "an object of template variables")
+    expect_object(raw_kwargs, "chat_template_kwargs", "an object of template variables")
     kwargs = {k: copy.deepcopy(v) for k, v in raw_kwargs.items() if v is not None}
-    enable = rt.expect_bool(kwargs.get("enable_thinking"), "chat_template_kwargs.enable_thinking", True)
+    enable = expect_bool(kwargs.get("enable_thinking"), "chat_template_kwargs.enable_thinking", True)
     allow = think and enable and effort != "none"
     return allow, (effort if allow else None), kwargs

@@ -1,102 +1,59 @@
-"""Checks behind `chat_constraint_request_from_openai`: JSON value helpers, `tools`, `tool_choice`.
+"""Checks behind `chat_constraint_request_from_openai`: JSON schema copies, `tools`, `tool_choice`.
 
 Every function here either returns a normalised value or raises `RequestError` whose `param`
 is the OpenAI-style path of the offending field (`tools[2].function.parameters`,
 `tool_choice.allowed_tools.tools[0].function.name`). A request field set to null reads as
 missing; values inside a JSON schema are copied verbatim (`"default": null` means something).
+Bounds (how many tools, how deep a schema) are arguments: `jaxchat.api.Limits` states them.
 Pure stdlib: this module is imported by `jaxchat.chat`, which must load without jax or numpy.
 """
 
 from __future__ import annotations
 
-import re
+from jaxchat.chat.errors import RequestError, expect_bool, expect_name, expect_object, got
 
-from .request import RequestError
-
-MAX_TOOLS = 128
-# JSON containers (objects and arrays) a schema may nest. OpenAI's own structured-output limit is
-# 10 object levels; with `properties`/`items`/`anyOf` in between that is about 30 containers.
-MAX_SCHEMA_DEPTH = 64
-NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TOOL_CHOICE_MODES = ("none", "auto", "required")
 
 
-def got(value: object) -> str:
-    """Describe a received value for an error message: `string 'x'`, `number 3`, `an array` ..."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {'true' if value else 'false'}"
-    if isinstance(value, (int, float)):
-        return f"number {value!r}"
-    if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f"string {shown!r}"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {type(value).__name__}"
-
-
-def expect_object(value: object, param: str, what: str = "an object") -> dict:
-    if not isinstance(value, dict):
-        raise RequestError(param, f"expected {what}, got {got(value)}")
-    return value
-
-
-def expect_bool(value: object, param: str, default: bool) -> bool:
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(param, f"expected a boolean (true or false), got {got(value)}")
-    return value
-
-
-def expect_name(value: object, param: str, what: str) -> str:
-    if value is None:
-        raise RequestError(param, f"missing required field: the {what}")
-    if not isinstance(value, str):
-        raise RequestError(param, f"expected the {what} as a string, got {got(value)}")
-    if not NAME_RE.fullmatch(value):
-        raise RequestError(param, f"invalid {what} {value!r}: use 1 to 64 characters from a-z, A-Z, 0-9, '_' and '-'")
-    return value
-
-
-def copy_schema(value: object, param: str) -> dict:
-    """Deep-copy a JSON schema object, checking it holds only JSON values and is not nested too deep."""
+def copy_schema(value: object, param: str, max_depth: int | None) -> dict:
+    """Deep-copy a JSON schema object, checking it holds only JSON values and nests at most `max_depth`
+    containers (None: as deep as Python's recursion allows)."""
     if not isinstance(value, dict):
         raise RequestError(param, f"expected a JSON schema object, got {got(value)}")
-    return _copy_json(value, param, 1)
+    try:
+        return _copy_json(value, param, 1, max_depth)
+    except RecursionError:
+        raise RequestError(param, "schema is nested too deeply") from None
 
 
-def _copy_json(value: object, param: str, depth: int) -> object:
+def _copy_json(value: object, param: str, depth: int, max_depth: int | None) -> object:
     if isinstance(value, (dict, list, tuple)):
-        if depth > MAX_SCHEMA_DEPTH:
+        if max_depth is not None and depth > max_depth:
             raise RequestError(
-                param, f"schema is nested too deeply: more than {MAX_SCHEMA_DEPTH} levels of objects and arrays"
+                param, f"schema is nested too deeply: more than {max_depth} levels of objects and arrays"
             )
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
                 if not isinstance(key, str):
                     raise RequestError(param, f"schema keys must be strings, got {got(key)}")
-                out[key] = _copy_json(item, param, depth + 1)
+                out[key] = _copy_json(item, param, depth + 1, max_depth)
             return out
-        return [_copy_json(item, param, depth + 1) for item in value]
+        return [_copy_json(item, param, depth + 1, max_depth) for item in value]
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     raise RequestError(param, f"schema must hold only JSON values, got {got(value)}")
 
 
-def parse_tools(raw: object) -> tuple[dict, ...]:
-    """`tools` → normalised `{"type": "function", "function": {name, description, parameters, strict}}`."""
+def parse_tools(raw: object, max_tools: int | None, max_schema_depth: int | None) -> tuple[dict, ...]:
+    """`tools` → normalised `{"type": "function", "function": {name, description, parameters, strict}}`;
+    at most `max_tools` of them (None: no bound)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
         raise RequestError("tools", f"expected an array of tool objects, got {got(raw)}")
-    if len(raw) > MAX_TOOLS:
-        raise RequestError("tools", f"at most {MAX_TOOLS} tools are allowed, got {len(raw)}")
+    if max_tools is not None and len(raw) > max_tools:
+        raise RequestError("tools", f"at most {max_tools} tools are allowed, got {len(raw)}")
     seen: dict[str, int] = {}
     out = []
     for i, tool in enumerate(raw):
@@ -126,7 +83,7 @@ def parse_tools(raw: object) -> tuple[dict, ...]:
                 "function": {
                     "name": name,
                     "description": description,
-                    "parameters": _parse_parameters(fn.get("parameters"), f"{p}.function.parameters"),
+                    "parameters": _parse_parameters(fn.get("parameters"), f"{p}.function.parameters", max_schema_depth),
                     "strict": expect_bool(fn.get("strict"), f"{p}.function.strict", False),
                 },
             }
@@ -134,10 +91,10 @@ def parse_tools(raw: object) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _parse_parameters(raw: object, param: str) -> dict:
+def _parse_parameters(raw: object, param: str, max_schema_depth: int | None) -> dict:
     if raw is None:
         return {"type": "object", "properties": {}}
-    schema = copy_schema(raw, param)
+    schema = copy_schema(raw, param, max_schema_depth)
     kind = schema.get("type")
     if kind is not None and kind != "object":
         raise RequestError(param, f"function parameters must be a JSON schema of type 'object', got type {got(kind)}")

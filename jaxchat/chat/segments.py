@@ -2,7 +2,8 @@
 
 Contract: `cut_partial_marker(text, markers)` drops a tail of `text` that is a proper prefix of
 one of `markers` (it may still become that marker); `Segments` collects trimmed, non-empty text
-segments joined with a blank line, so trailing whitespace only shows once something follows it.
+segments joined with a blank line, so trailing whitespace only shows once something follows it;
+`MarkerScanner` finds the first of some markers, resuming where its last search stopped.
 """
 
 from __future__ import annotations
@@ -53,3 +54,24 @@ class Segments:
 
     def with_open(self, segment: str) -> str:
         return join_segment(self.joined, segment)
+
+
+class MarkerScanner:
+    """Finds the first of some markers in `text[pos:end]`, resuming where the last search stopped."""
+
+    def __init__(self) -> None:
+        self.scan_from = 0
+
+    def find(self, text: str, markers: tuple[str, ...], pos: int, end: int) -> tuple[int, str]:
+        longest = max((len(m) for m in markers), default=1)
+        start = max(pos, self.scan_from - longest + 1)
+        best, found = -1, ""
+        for marker in markers:
+            idx = text.find(marker, start, end)
+            if idx >= 0 and (best < 0 or idx < best):
+                best, found = idx, marker
+        self.scan_from = end if best < 0 else best
+        return best, found
+
+    def reset(self, pos: int) -> None:
+        self.scan_from = pos

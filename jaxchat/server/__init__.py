@@ -1,16 +1,15 @@
-"""The OpenAI-compatible HTTP server: Starlette routes, request validation, SSE, errors, metrics, auth.
+"""The OpenAI-compatible HTTP server: Starlette routes, auth, body limits, SSE framing, errors, metrics.
 
-Contract: the model pipeline is injected as a `ChatService` (see `protocol`); this package never
-imports jax, flax, xgrammar, `jaxchat.models` or the engine's internals. `create_app` builds the
-app, `serve` runs it under uvicorn (imported lazily so the validators load without uvicorn).
+Contract: HTTP only. A body is read by `jaxchat.api` (the typed request, every 400) and handed to an
+injected `ChatService` (see `protocol`); this package never imports jax, flax, xgrammar,
+`jaxchat.models` or the engine. `create_app` builds the app, `serve` runs it under uvicorn (imported
+lazily so the app loads without uvicorn).
 """
 
 from jaxchat.server.app import create_app
-from jaxchat.server.limits import ServerLimits
 from jaxchat.server.protocol import ChatService
-from jaxchat.server.validate import validate_chat_body, validate_completion_body
 
-__all__ = ["ChatService", "ServerLimits", "create_app", "serve", "validate_chat_body", "validate_completion_body"]
+__all__ = ["ChatService", "create_app", "serve"]
 
 
 def __getattr__(name: str):

@@ -2,11 +2,12 @@
 
 Contract
 --------
-`create_app(service, api_key=None, limits=ServerLimits())` returns a Starlette app with
+`create_app(service, api_key=None, limits=Limits())` returns a Starlette app with
 `POST /v1/chat/completions` and `POST /v1/completions` (JSON, or SSE with `stream: true`),
 `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
-through `read_json_object` (size, content type, UTF-8, JSON, depth) and `jaxchat.server.validate`
-before the service sees it; a `model` other than `service.model_id` is a 404 `model_not_found`
+through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read once by
+`jaxchat.api.parse_chat_request` / `parse_completion_request` (every 400) into the typed request the
+service takes; a `model` other than `service.model_id` is a 404 `model_not_found`
 (an absent `model` means the served one). With an `api_key`, every route but `/health` needs
 `Authorization: Bearer <key>` (compared in constant time), else 401. Every error, including unknown
 routes (404) and wrong methods (405), is an OpenAI error body; unexpected exceptions are logged
@@ -28,12 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from jaxchat.api import Limits, parse_chat_request, parse_completion_request
 from jaxchat.server.body import read_json_object
 from jaxchat.server.errors import ApiError, error_for_exception
-from jaxchat.server.limits import ServerLimits
 from jaxchat.server.metrics import CONTENT_TYPE, Metrics
 from jaxchat.server.sse import ClientGone, Drain, SSEStream, run_until_gone
-from jaxchat.server.validate import validate_chat_body, validate_completion_body
 
 __all__ = ["create_app"]
 
@@ -41,7 +41,7 @@ log = logging.getLogger("jaxchat.server")
 
 
 class _Api:
-    def __init__(self, service, api_key: str | None, limits: ServerLimits) -> None:
+    def __init__(self, service, api_key: str | None, limits: Limits) -> None:
         self.service = service
         self.key = api_key.encode("utf-8") if api_key else None
         self.limits = limits
@@ -68,18 +68,16 @@ class _Api:
                 401, "incorrect API key provided", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
             )
 
-    def check_model(self, body: dict) -> None:
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ApiError(400, "expected the model name as a string", param="model")
-        if model is not None and model != self.service.model_id:
+    def check_model(self, body: object) -> None:
+        """A `model` naming another model is a 404; its type is the request reader's to check (400)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        if isinstance(model, str) and model != self.service.model_id:
             raise ApiError(
                 404,
                 f"The model {model[:200]!r} does not exist; this server serves {self.service.model_id!r}",
                 param="model",
                 code="model_not_found",
             )
-        body["model"] = self.service.model_id
 
     def endpoint(self, handler: Callable[[Request, float], Awaitable[Response]], public: bool = False):
         async def run(request: Request) -> Response:
@@ -103,7 +101,7 @@ class _Api:
 
         return run
 
-    def stream(self, request: Request, iterator, client_usage: bool, started: float) -> SSEStream:
+    def stream(self, request: Request, chunks, started: float) -> SSEStream:
         path = request.url.path
         self.metrics.streams_active.inc()
 
@@ -116,17 +114,15 @@ class _Api:
                 self.metrics.observe_stream_timing(ttft, decode, tokens)
             self.metrics.observe_request(path, 499 if gone and status == 200 else status, time.monotonic() - started)
 
-        return SSEStream(iterator, self.drain, client_usage, on_end, started)
+        return SSEStream(chunks, self.drain, on_end, started)
 
-    async def generate(self, request: Request, started: float, validate, complete, complete_stream) -> Response:
+    async def generate(self, request: Request, started: float, parse, complete, complete_stream) -> Response:
         body = await read_json_object(request, self.limits)
         self.check_model(body)  # before validation, as vLLM does: a wrong model is a 404 whatever else is wrong
-        body = validate(body, self.limits, getattr(self.service, "max_context", None))
-        if body.get("stream"):
-            client_usage = bool(body.get("stream_options", {}).get("include_usage"))
-            body["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
-            return self.stream(request, complete_stream(body), client_usage, started)
-        result = await run_until_gone(request.receive, complete(body), self.drain)
+        typed = parse(body, self.limits, self.service.max_context)
+        if typed.stream:
+            return self.stream(request, complete_stream(typed), started)
+        result = await run_until_gone(request.receive, complete(typed), self.drain)
         self.metrics.observe_usage(result.get("usage") if isinstance(result, dict) else None)
         return JSONResponse(result)
 
@@ -134,12 +130,13 @@ class _Api:
     async def chat(self, request: Request, started: float) -> Response:
         svc = self.service
         return await self.generate(
-            request, started, validate_chat_body, svc.chat_completion, svc.chat_completion_stream
+            request, started, parse_chat_request, svc.chat_completion, svc.chat_completion_stream
         )
 
     async def completions(self, request: Request, started: float) -> Response:
         svc = self.service
-        return await self.generate(request, started, validate_completion_body, svc.completion, svc.completion_stream)
+        return await self.generate(request, started, parse_completion_request, svc.completion,
+                                   svc.completion_stream)
 
     async def models(self, request: Request, started: float) -> Response:
         card = {
@@ -147,7 +144,7 @@ class _Api:
             "object": "model",
             "created": self.created,
             "owned_by": "jaxchat",
-            "max_model_len": getattr(self.service, "max_context", None),
+            "max_model_len": self.service.max_context,
         }
         return JSONResponse({"object": "list", "data": [card]})
 
@@ -160,11 +157,12 @@ class _Api:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def create_app(service, api_key: str | None = None, limits: ServerLimits | None = None) -> Starlette:
-    for name in ("model_id", "chat_completion", "chat_completion_stream", "completion", "completion_stream", "stats"):
+def create_app(service, api_key: str | None = None, limits: Limits | None = None) -> Starlette:
+    for name in ("model_id", "max_context", "chat_completion", "chat_completion_stream", "completion",
+                 "completion_stream", "stats"):
         if not hasattr(service, name):
             raise TypeError(f"service does not implement ChatService: missing {name!r}")
-    api = _Api(service, api_key, limits or ServerLimits())
+    api = _Api(service, api_key, limits or Limits())
     routes = [
         Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
         Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),

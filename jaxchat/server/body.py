@@ -1,11 +1,11 @@
 """Read a request body as one JSON object, refusing anything else with a clear 4xx.
 
-Contract: `read_json_object(request, limits)` returns the decoded object or raises `ApiError`:
+Contract: `read_json_object(request, limits)` returns the decoded JSON value or raises `ApiError`:
 413 when the body is larger than `limits.max_body_bytes` (checked on Content-Length first, then
 while reading, so a chunked body cannot get past it); 400 for a Content-Type that is not JSON
 (a missing one is read as JSON, as curl users expect), an empty body, invalid UTF-8, malformed or
-truncated JSON, `NaN`/`Infinity`, numbers out of range, nesting deeper than `limits.max_json_depth`,
-or a top-level value that is not an object.
+truncated JSON, `NaN`/`Infinity`, numbers out of range, or nesting deeper than `limits.max_json_depth`.
+That the value is an object is the request reader's check (`jaxchat.api.request`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import json
 
 from starlette.requests import ClientDisconnect, Request
 
-from jaxchat.chat.request_tools import got
+from jaxchat.api import Limits
 from jaxchat.server.errors import ApiError
-from jaxchat.server.limits import ServerLimits
 
 __all__ = ["json_depth", "read_json_object"]
 
@@ -74,7 +73,7 @@ def json_depth(value: object) -> int:
     return deepest
 
 
-async def read_json_object(request: Request, limits: ServerLimits) -> dict:
+async def read_json_object(request: Request, limits: Limits) -> object:
     content_type = request.headers.get("content-type")
     if not _content_type_is_json(content_type):
         raise ApiError(
@@ -99,8 +98,6 @@ async def read_json_object(request: Request, limits: ServerLimits) -> dict:
         ) from None
     except ValueError as exc:  # NaN/Infinity, integers with too many digits
         raise ApiError(400, f"the request body is not valid JSON: {str(exc)[:120]}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {got(body)}")
     if json_depth(body) > limits.max_json_depth:
         raise ApiError(400, f"the request body is nested too deeply (the limit is {limits.max_json_depth} levels)")
     return body

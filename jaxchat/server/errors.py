@@ -1,8 +1,9 @@
 """OpenAI error bodies and the mapping from exceptions to HTTP statuses.
 
-Contract: every 4xx/5xx the server sends is `{"error": {"message", "type", "param", "code"}}`.
+Contract: every 4xx/5xx the server sends is `{"error": {"message", "type", "param", "code"}}`
+(`jaxchat.api.shapes.error_body`).
 `type` is `invalid_request_error` (400, 404, 405, 413), `authentication_error` (401) or
-`server_error` (500, 503). `jaxchat.chat.RequestError` is a 400 carrying its `param` (and its `code`
+`server_error` (500, 503). `RequestError` (`jaxchat.chat`'s, re-exported by `jaxchat.api`) is a 400 carrying its `param` (and its `code`
 attribute when it has one). Any other exception is a 500 whose message is generic: the details, and
 the traceback, go to the server log only, never to the client.
 """
@@ -11,11 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from starlette.responses import JSONResponse
+from jaxchat.api import RequestError
+from jaxchat.api.shapes import error_body
 
-from jaxchat.chat import RequestError
-
-__all__ = ["ApiError", "error_body", "error_for_exception", "error_response"]
+__all__ = ["ApiError", "error_body", "error_for_exception"]
 
 log = logging.getLogger("jaxchat.server")
 
@@ -46,12 +46,6 @@ class ApiError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(
-    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
-) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
 def error_for_exception(exc: BaseException, where: str = "request") -> ApiError:
     """The ApiError a client sees for `exc`; unexpected exceptions are logged here with their traceback."""
     if isinstance(exc, ApiError):
@@ -61,8 +55,3 @@ def error_for_exception(exc: BaseException, where: str = "request") -> ApiError:
         return ApiError(400, exc.message, exc.param, code if isinstance(code, str) else None)
     log.error("unexpected error while handling a %s", where, exc_info=exc)
     return ApiError(500, "The server had an error while processing your request.", code="internal_error")
-
-
-def error_response(exc: BaseException, where: str = "request") -> JSONResponse:
-    err = error_for_exception(exc, where)
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)

@@ -1,6 +1,6 @@
 """Run the app under uvicorn, with a graceful SIGTERM.
 
-Contract: `serve(service, host="127.0.0.1", port=8000, api_key=None, limits=ServerLimits(),
+Contract: `serve(service, host="127.0.0.1", port=8000, api_key=None, limits=Limits(),
 log_level="info")` blocks until the server stops and returns normally (exit status 0 for the CLI)
 after SIGTERM or SIGINT. On the signal the server stops accepting connections and answers new API
 requests on open connections with 503; in-flight requests get `limits.shutdown_grace_s` seconds to
@@ -17,8 +17,8 @@ import threading
 
 import uvicorn
 
+from jaxchat.api import Limits
 from jaxchat.server.app import create_app
-from jaxchat.server.limits import ServerLimits
 
 __all__ = ["make_server", "serve"]
 
@@ -39,11 +39,11 @@ def make_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     api_key: str | None = None,
-    limits: ServerLimits | None = None,
+    limits: Limits | None = None,
     log_level: str = "info",
     app=None,
 ) -> uvicorn.Server:
-    limits = limits or ServerLimits()
+    limits = limits or Limits()
     app = app if app is not None else create_app(service, api_key=api_key, limits=limits)
     config = uvicorn.Config(
         app,
@@ -63,10 +63,10 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     api_key: str | None = None,
-    limits: ServerLimits | None = None,
+    limits: Limits | None = None,
     log_level: str = "info",
 ) -> None:
-    limits = limits or ServerLimits()
+    limits = limits or Limits()
     server = make_server(service, host, port, api_key, limits, log_level)
     # uvicorn re-raises the signal it caught once it has shut down; with the default SIGTERM action
     # that would kill the process (status -15) after a clean shutdown, so SIGTERM gets a no-op

@@ -2,15 +2,17 @@
 
 Contract
 --------
-`SSEStream(iterator, ...)` is an ASGI response. It pulls the first item before sending headers, so
-an exception there (a `RequestError` raised by the service's validation) is answered as a plain
-JSON error (400, or a generic 500). After that it writes `data: {json}\n\n` per chunk and
+`SSEStream(chunks, ...)` is an ASGI response over a service's `ChunkStream`. It pulls the first
+chunk before sending headers, so an exception there (a `RequestError` the service raises for what
+only the model can check) is answered as a plain JSON error (400, or a generic 500). After that it writes `data: {json}\n\n` per chunk and
 `data: [DONE]\n\n` at the end, with `Content-Type: text/event-stream` and `Cache-Control: no-cache`.
 While it waits for the next chunk it also listens for `http.disconnect`: when the client leaves,
 the pending `__anext__` is cancelled and the iterator is closed (`aclose()`) at once, which is how
 the service learns to abort the request and free its slot, even when no chunk is due for a long
 time (a request still queued). An exception after the first chunk becomes one
-`{"error": {...}}` event (generic text, details in the log) followed by `[DONE]`.
+`{"error": {...}}` event (generic text, details in the log) followed by `[DONE]`. Chunks go out as
+the service made them; the stream's `usage` (set by the service when it completes) and the time to
+the first chunk with output go to the metrics.
 `Drain` coordinates shutdown: after `begin(grace)`, in-flight work has `grace` seconds, then
 streams end with a `server_shutdown` error event and non-streamed requests get a 503.
 `run_until_gone(receive, awaitable, drain)` gives non-streamed requests the same treatment.
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.types import Receive, Scope, Send
 
+from jaxchat.api import ChunkStream
 from jaxchat.server.errors import ApiError, error_body, error_for_exception
 
 __all__ = ["ClientGone", "Drain", "SSEStream", "run_until_gone"]
@@ -165,22 +168,19 @@ async def _next(iterator: AsyncIterator[dict]):
 
 
 class SSEStream:
-    """ASGI response streaming a service iterator; `on_end(status, usage, timing)` reports to metrics."""
+    """ASGI response streaming a service's `ChunkStream`; `on_end(status, usage, timing)` reports to metrics."""
 
     def __init__(
         self,
-        iterator: AsyncIterator[dict],
+        chunks: ChunkStream,
         drain: Drain,
-        include_usage: bool,
         on_end: Callable[[int, dict | None, float | None, float | None, int, bool], None],
         started: float,
     ):
-        self.iterator = iterator
+        self.iterator = chunks
         self.drain = drain
-        self.include_usage = include_usage
         self.on_end = on_end
         self.started = started
-        self.usage: dict | None = None
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.outputs = 0
@@ -196,16 +196,15 @@ class SSEStream:
         finally:
             await _cancel(watcher)
             self.drain.unlisten(cut)
-            close = getattr(self.iterator, "aclose", None)
-            if close is not None:
-                try:
-                    await close()
-                except Exception:
-                    log.exception("closing a stream's iterator failed")
+            try:
+                await self.iterator.aclose()
+            except Exception:
+                log.exception("closing a stream's iterator failed")
             ttft = None if self.first_at is None else self.first_at - self.started
             decode = None if self.first_at is None or self.last_at is None else self.last_at - self.first_at
-            tokens = self.usage.get("completion_tokens", self.outputs) if isinstance(self.usage, dict) else self.outputs
-            self.on_end(status, self.usage, ttft, decode, tokens if isinstance(tokens, int) else self.outputs, gone)
+            usage = self.iterator.usage
+            tokens = usage.get("completion_tokens", self.outputs) if isinstance(usage, dict) else self.outputs
+            self.on_end(status, usage, ttft, decode, tokens if isinstance(tokens, int) else self.outputs, gone)
 
     async def _run(self, send: Send, watcher: asyncio.Future, cut: asyncio.Future) -> tuple[int, bool]:
         try:
@@ -239,18 +238,11 @@ class SSEStream:
                 item = _END
 
     async def _emit(self, send: Send, chunk: object) -> None:
-        if isinstance(chunk, dict):
-            if chunk.get("usage"):
-                self.usage = chunk["usage"]
-            if _has_output(chunk):
-                now = time.monotonic()
-                self.first_at = self.first_at or now
-                self.last_at = now
-                self.outputs += 1
-            if not self.include_usage and "error" not in chunk:
-                if chunk.get("choices") == [] and chunk.get("usage"):
-                    return  # the usage chunk the client did not ask for
-                chunk = {k: v for k, v in chunk.items() if k != "usage"}
+        if isinstance(chunk, dict) and _has_output(chunk):
+            now = time.monotonic()
+            self.first_at = self.first_at or now
+            self.last_at = now
+            self.outputs += 1
         try:
             data = _event(chunk)
         except (TypeError, ValueError) as exc:

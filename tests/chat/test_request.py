@@ -11,10 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxchat.api import Limits
 from jaxchat.chat.request import ConstraintRequest, RequestError, chat_constraint_request_from_openai
-from jaxchat.chat.request_tools import MAX_SCHEMA_DEPTH, MAX_TOOLS
 
-parse = chat_constraint_request_from_openai
+LIMITS = Limits()  # the bounds the server and jaxchat.LLM pass by default
+MAX_TOOLS, MAX_SCHEMA_DEPTH = LIMITS.max_tools, LIMITS.max_schema_depth
+
+
+def parse(body):
+    return chat_constraint_request_from_openai(body, max_tools=MAX_TOOLS, max_schema_depth=MAX_SCHEMA_DEPTH)
+
 EMPTY_PARAMS = {"type": "object", "properties": {}}
 
 
@@ -359,6 +365,18 @@ def test_tool_normal_form():
     assert out.tool_choice == "auto" and out.allowed_tools == out.tool_names and out.named_tool is None
     assert [list(t) for t in out.tools] == [["type", "function"]] * 4
     assert all(list(t["function"]) == ["name", "description", "parameters", "strict"] for t in out.tools)
+
+
+def test_bounds_are_the_callers():
+    many = {"tools": tools(*(f"f{i}" for i in range(MAX_TOOLS + 1)))}
+    assert len(chat_constraint_request_from_openai(many).tools) == MAX_TOOLS + 1  # no bound of its own
+    assert len(chat_constraint_request_from_openai(many, max_tools=500).tools) == MAX_TOOLS + 1
+    with pytest.raises(RequestError, match="at most 3 tools"):
+        chat_constraint_request_from_openai({"tools": tools("a", "b", "c", "d")}, max_tools=3)
+    deep = {"tools": [tool(parameters=nested_schema(5000))]}  # past Python's recursion limit
+    with pytest.raises(RequestError, match="nested too deeply") as info:
+        chat_constraint_request_from_openai(deep)
+    assert info.value.param == "tools[0].function.parameters"
 
 
 def test_max_tools_and_name_edges_are_accepted():

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from jaxchat.api import parse_chat_request
 from tests.tiny_model import tiny_chat_model
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -24,7 +25,7 @@ BOUNDED = [{"type": "function", "function": {"name": "get_weather", "parameters"
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
-    from jaxchat.engine.service import build_chat_service
+    from jaxchat.api import build_chat_service
 
     made = {
         "qwen25": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwen25")), max_batch=4, max_context=512),
@@ -68,8 +69,8 @@ def _plain(reply: dict) -> dict:
 
 def _both(service, body: dict) -> tuple[dict, dict]:
     async def run():
-        plain = await service.chat_completion(dict(body))
-        chunks = [c async for c in service.chat_completion_stream({**body, "stream": True})]
+        plain = await service.chat_completion(parse_chat_request(body))
+        chunks = [c async for c in service.chat_completion_stream(parse_chat_request({**body, "stream": True}))]
         return _plain(plain), _accumulate(chunks)
 
     return asyncio.run(run())

@@ -113,7 +113,7 @@ def tiny_dir() -> Path:
 @pytest.fixture(scope="session")
 def real_service(tiny_dir):
     import jaxchat.models as models
-    from jaxchat.engine.service import build_chat_service
+    from jaxchat.api import build_chat_service
 
     load = models.load_model
 

@@ -22,6 +22,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from jaxchat.api import parse_chat_request
 from tests.reliability.conftest import NAN_POSITIONS
 from tests.reliability.support import (
     TIME,
@@ -172,15 +173,15 @@ def _padded_to(service, body: dict, prompt_len: int) -> dict:
     while lo < hi:  # the largest number of filler words that still fits
         mid = (lo + hi + 1) // 2
         b = {**body, "messages": user("Verdict on this: " + " ok" * mid)}
-        if len(service.prepare_chat(b).prompt_ids) <= prompt_len:
+        if len(service.prepare_chat(parse_chat_request(b)).prompt_ids) <= prompt_len:
             lo = mid
         else:
             hi = mid - 1
     b = {**body, "messages": user("Verdict on this: " + " ok" * lo)}
-    n = len(service.prepare_chat(b).prompt_ids)
+    n = len(service.prepare_chat(parse_chat_request(b)).prompt_ids)
     for extra in ("", "!", "!!", "!!!", " !", "?", "??"):
         c = {**body, "messages": user("Verdict on this: " + " ok" * lo + extra)}
-        if len(service.prepare_chat(c).prompt_ids) == prompt_len:
+        if len(service.prepare_chat(parse_chat_request(c)).prompt_ids) == prompt_len:
             return c
     pytest.fail(f"could not pad the prompt to {prompt_len} tokens (got {n})")
 
@@ -214,7 +215,7 @@ BOMB_TOOL = {"type": "function", "function": {"name": "parser_bomb", "parameters
 
 def _arm_parser_bomb(monkeypatch) -> None:
     """The parser raises for requests that carry the `parser_bomb` tool (streamed and not)."""
-    import jaxchat.engine.service as service_mod
+    import jaxchat.api.service as service_mod
 
     def armed(options) -> bool:
         return any(t.get("function", {}).get("name") == "parser_bomb" for t in options.tools)

@@ -15,10 +15,10 @@ from collections import Counter
 import httpx
 import pytest
 
-from jaxchat.server import ServerLimits
+from jaxchat.api import Limits, parse_chat_request
 from tests.reliability.support import check_error_body, leaked_slots, report, user, wait_idle
 
-TIGHT = ServerLimits(max_body_bytes=64 * 1024, max_messages=8, max_tools=4, max_n=2, max_stop=2)
+TIGHT = Limits(max_body_bytes=64 * 1024, max_messages=8, max_tools=4, max_n=2, max_stop=2)
 
 
 def deep_schema(depth: int) -> dict:
@@ -57,7 +57,7 @@ def test_max_tokens_beyond_context_refused_and_prompt_room_clipped(real_service,
     assert over2.status_code == 400 and check_error_body(over2.json())["param"] == "max_completion_tokens"
     # a prompt near the end of the context: max_tokens fits the context but not the room left -> clipped
     body = {"messages": user("word " * 990), "max_tokens": 500, "temperature": 0}
-    prompt_len = len(real_service.prepare_chat(body).prompt_ids)
+    prompt_len = len(real_service.prepare_chat(parse_chat_request(body)).prompt_ids)
     assert ctx - 40 < prompt_len < ctx, prompt_len
     clipped = post(body)
     assert clipped.status_code == 200, clipped.text

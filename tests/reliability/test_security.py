@@ -128,7 +128,7 @@ HOSTILE = {
 
 
 def test_hostile_templates_fail_cleanly(real_service, idle_engine, tmp_path, monkeypatch):
-    from jaxchat.engine.service import ChatService
+    from jaxchat.api import ChatService
     from tests.server.conftest import Live
 
     monkeypatch.chdir(tmp_path)

@@ -18,7 +18,7 @@ import httpx
 
 from tests.reliability.support import check_error_body, report, stream_chat, user
 
-GRACE_S = 10.0  # ServerLimits().shutdown_grace_s, what `jaxchat serve` uses
+GRACE_S = 10.0  # Limits().shutdown_grace_s, what `jaxchat serve` uses
 EXIT_BOUND_S = GRACE_S + 10.0
 
 

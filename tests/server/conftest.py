@@ -10,7 +10,8 @@ from typing import Self
 import pytest
 from starlette.testclient import TestClient
 
-from jaxchat.server import ServerLimits, create_app
+from jaxchat.api import Limits
+from jaxchat.server import create_app
 from jaxchat.server.run import make_server
 from tests.server.fake import FakeService
 
@@ -70,5 +71,5 @@ def live():
 
 @pytest.fixture(scope="module")
 def live_keyed():
-    with Live(FakeService(), api_key=API_KEY, limits=ServerLimits(max_body_bytes=64 * 1024)) as server:
+    with Live(FakeService(), api_key=API_KEY, limits=Limits(max_body_bytes=64 * 1024)) as server:
         yield server

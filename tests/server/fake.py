@@ -2,7 +2,8 @@
 
 It honours what a real model under jaxchat's constraints would: `tool_choice` (none/auto/required/
 named, `parallel_tool_calls`), `response_format` (an instance of the schema), the thinking switch,
-`max_tokens` (finish_reason "length"), `stop`, `n` and `stream_options.include_usage`. Words in the
+`max_tokens` (finish_reason "length"), `stop`, `n` and `stream_options.include_usage`. It takes the
+typed requests of `jaxchat.api` (recorded in `requests`), as the real service does. Words in the
 last user message script faults: BOOM (an unexpected exception), REJECT (a RequestError),
 FAIL_MIDSTREAM (an error event after two chunks), SLOW (a chunk every `slow_delay` seconds) and
 HANG (no output until cancelled). A request is "aborted" when its stream is closed before the end.
@@ -16,7 +17,8 @@ import json
 import re
 import time
 
-from jaxchat.chat import RequestError, chat_constraint_request_from_openai
+from jaxchat.api import ChatRequest, ChunkStream, CompletionRequest
+from jaxchat.chat import RequestError
 
 _ids = itertools.count(1)
 
@@ -70,7 +72,7 @@ class FakeService:
 
     def __init__(self, slow_delay: float = 0.02) -> None:
         self.slow_delay = slow_delay
-        self.bodies: list[dict] = []
+        self.requests: list[ChatRequest | CompletionRequest] = []
         self.aborted: list[str] = []
         self.completed: list[str] = []
         self.active: set[str] = set()
@@ -86,11 +88,14 @@ class FakeService:
             "max_context": self.max_context,
         }
 
-    async def chat_completion(self, body: dict) -> dict:
-        rid, plan = self._start(body)
+    def close(self) -> None:
+        pass
+
+    async def chat_completion(self, request: ChatRequest) -> dict:
+        rid, plan = self._start(request)
         try:
             await self._faults(plan["user"], streaming=False)
-            choices = [self._choice(plan, i) for i in range(body.get("n", 1))]
+            choices = [self._choice(plan, i) for i in range(request.n)]
             self._finish(rid)
             return {
                 "id": rid,
@@ -98,20 +103,23 @@ class FakeService:
                 "created": int(time.time()),
                 "model": self.model_id,
                 "choices": choices,
-                "usage": self._usage(plan, body),
+                "usage": self._usage(plan, request),
             }
         finally:
             self._end(rid)
 
-    async def chat_completion_stream(self, body: dict):
-        rid, plan = self._start(body)
-        usage_on = bool(body.get("stream_options", {}).get("include_usage"))
+    def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._chat_chunks(request, stream))
+
+    async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream):
+        rid, plan = self._start(request)
+        usage_on = request.include_usage
         base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model_id}
         if usage_on:
             base["usage"] = None
         try:
             await self._faults(plan["user"], streaming=True)
-            for i in range(body.get("n", 1)):
+            for i in range(request.n):
                 for delta, finish in self._deltas(plan):
                     if "FAIL_MIDSTREAM" in plan["user"] and delta.get("content"):
                         yield {
@@ -128,19 +136,20 @@ class FakeService:
                         await asyncio.sleep(self.slow_delay)
                     else:
                         await asyncio.sleep(0)
+            stream.usage = self._usage(plan, request)
             if usage_on:
-                yield {**base, "choices": [], "usage": self._usage(plan, body)}
+                yield {**base, "choices": [], "usage": stream.usage}
             self._finish(rid)
         finally:
             self._end(rid)
 
-    async def completion(self, body: dict) -> dict:
-        rid, text, finish, used, prompt_len = self._complete_plan(body)
+    async def completion(self, request: CompletionRequest) -> dict:
+        rid, text, finish, used, prompt_len = self._complete_plan(request)
         try:
             await self._faults(text, streaming=False)
             self._finish(rid)
             choices = [
-                {"index": i, "text": text, "logprobs": None, "finish_reason": finish} for i in range(body.get("n", 1))
+                {"index": i, "text": text, "logprobs": None, "finish_reason": finish} for i in range(request.n)
             ]
             return {
                 "id": rid,
@@ -153,8 +162,11 @@ class FakeService:
         finally:
             self._end(rid)
 
-    async def completion_stream(self, body: dict):
-        rid, text, finish, used, prompt_len = self._complete_plan(body)
+    def completion_stream(self, request: CompletionRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._completion_chunks(request, stream))
+
+    async def _completion_chunks(self, request: CompletionRequest, stream: ChunkStream):
+        rid, text, finish, used, prompt_len = self._complete_plan(request)
         base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_id}
         try:
             pieces = _words(text) or [""]
@@ -171,25 +183,18 @@ class FakeService:
                     ],
                 }
                 await asyncio.sleep(0)
-            if body.get("stream_options", {}).get("include_usage"):
-                yield {
-                    **base,
-                    "choices": [],
-                    "usage": {
-                        "prompt_tokens": prompt_len,
-                        "completion_tokens": used,
-                        "total_tokens": prompt_len + used,
-                    },
-                }
+            stream.usage = {"prompt_tokens": prompt_len, "completion_tokens": used, "total_tokens": prompt_len + used}
+            if request.include_usage:
+                yield {**base, "choices": [], "usage": stream.usage}
             self._finish(rid)
         finally:
             self._end(rid)
 
     # ---- scripting -------------------------------------------------------------------------------
-    def _start(self, body: dict) -> tuple[str, dict]:
-        self.bodies.append(body)
+    def _start(self, request: ChatRequest) -> tuple[str, dict]:
+        self.requests.append(request)
         rid = f"chatcmpl-fake{next(_ids)}"
-        plan = self._plan(body)  # raises RequestError before anything is yielded
+        plan = self._plan(request)  # raises RequestError before anything is yielded
         self.active.add(rid)
         return rid, plan
 
@@ -209,9 +214,9 @@ class FakeService:
         if "SLOW" in user and not streaming:
             await asyncio.sleep(200 * self.slow_delay)
 
-    def _plan(self, body: dict) -> dict:
-        req = chat_constraint_request_from_openai(body)
-        user = next((_text(m.get("content")) for m in reversed(body["messages"]) if m.get("role") == "user"), "")
+    def _plan(self, request: ChatRequest) -> dict:
+        req = request.constraint
+        user = next((_text(m.get("content")) for m in reversed(request.messages) if m.get("role") == "user"), "")
         if "REJECT" in user:
             raise RequestError("messages", "the fake service rejected this request")
         reasoning = "The user wants an answer. I will give one." if req.allow_reasoning else ""
@@ -237,17 +242,17 @@ class FakeService:
         else:
             content = "Hello! You said: " + " ".join(user.split()[:500])
         finish = "tool_calls" if calls else "stop"
-        for stop in body.get("stop", []):
+        for stop in request.sampling.stop:
             if stop in content:
                 content = content[: content.index(stop)]
         tokens = _words(reasoning) + _words(content) + [c["function"]["arguments"] for c in calls]
-        limit = body.get("max_tokens")
+        limit = request.sampling.max_tokens
         if limit is not None and len(tokens) > limit:
             budget = limit - len(_words(reasoning))
             reasoning = "".join(_words(reasoning)[:limit])
             content = "".join(_words(content)[: max(budget, 0)])
             calls, finish, tokens = [], "length", tokens[:limit]
-        prompt = sum(len(_words(_text(m.get("content")))) + 3 for m in body["messages"])
+        prompt = sum(len(_words(_text(m.get("content")))) + 3 for m in request.messages)
         return {
             "user": user,
             "reasoning": reasoning,
@@ -295,8 +300,8 @@ class FakeService:
                     yield {"tool_calls": [{"index": k, "function": {"arguments": args[a:b]}}]}, None
         yield {}, plan["finish"]
 
-    def _usage(self, plan: dict, body: dict) -> dict:
-        n = body.get("n", 1)
+    def _usage(self, plan: dict, request: ChatRequest) -> dict:
+        n = request.n
         done = plan["completion_tokens"] * n
         return {
             "prompt_tokens": plan["prompt_tokens"],
@@ -306,16 +311,16 @@ class FakeService:
             "completion_tokens_details": {"reasoning_tokens": plan["reasoning_tokens"] * n},
         }
 
-    def _complete_plan(self, body: dict) -> tuple[str, str, str, int, int]:
-        self.bodies.append(body)
+    def _complete_plan(self, request: CompletionRequest) -> tuple[str, str, str, int, int]:
+        self.requests.append(request)
         rid = f"cmpl-fake{next(_ids)}"
-        prompt = body["prompt"]
+        prompt = request.prompt
         prompt_text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
         words = _words("once upon a time there was a small model that answered every prompt politely.")
-        limit = body.get("max_tokens", 16)
+        limit = request.sampling.max_tokens
         finish = "length" if len(words) > limit else "stop"
         text = "".join(words[:limit])
-        if body.get("echo"):
+        if request.echo:
             text = prompt_text + text
         self.active.add(rid)
         return rid, text, finish, min(len(words), limit), len(_words(prompt_text))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from jaxchat.server import ServerLimits, serve
+from jaxchat.api import Limits
+from jaxchat.server import serve
 from tests.server.fake import FakeService
 
 
@@ -24,7 +25,7 @@ def main() -> None:
         FakeService(slow_delay=args.slow_delay),
         port=args.port,
         api_key=args.api_key,
-        limits=ServerLimits(shutdown_grace_s=args.grace),
+        limits=Limits(shutdown_grace_s=args.grace),
         log_level="warning",
     )
     print("serve returned", flush=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxchat.server import ServerLimits, create_app
+from jaxchat.api import ChatRequest, Limits
+from jaxchat.server import create_app
 from tests.server.conftest import API_KEY
 from tests.server.helpers import WEATHER_TOOL, assert_error, chat, sse_events
 
@@ -19,15 +20,15 @@ def test_chat_completion_contract(client):
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
 
 
-def test_service_receives_normalised_body(client, service):
+def test_service_receives_typed_request(client, service):
     r = client.post(
         "/v1/chat/completions",
         json={"messages": [{"role": "user", "content": "x"}], "stop": "END", "max_completion_tokens": 7, "seed": None},
     )
     assert r.status_code == 200
-    body = service.bodies[-1]
-    assert body["model"] == "fake-model" and body["stop"] == ["END"]
-    assert body["max_tokens"] == body["max_completion_tokens"] == 7 and "seed" not in body
+    request = service.requests[-1]
+    assert isinstance(request, ChatRequest) and request.sampling.stop == ("END",)
+    assert request.sampling.max_tokens == 7 and request.sampling.seed is None
 
 
 def test_stream_contract_and_usage(client, service):
@@ -42,14 +43,14 @@ def test_stream_contract_and_usage(client, service):
     assert all(c["usage"] is None for c in chunks[:-1])
     roles = [c["choices"][0]["delta"].get("role") for c in chunks[:-1]]
     assert roles.count("assistant") == 1
-    assert service.bodies[-1]["stream_options"]["include_usage"] is True
+    assert service.requests[-1].include_usage is True
 
 
 def test_stream_without_usage_hides_usage(client, service):
     r = client.post("/v1/chat/completions", json=chat(stream=True))
     chunks = sse_events(r.text)[:-1]
     assert all("usage" not in c for c in chunks) and all(c["choices"] for c in chunks)
-    assert service.bodies[-1]["stream_options"]["include_usage"] is True  # the server still counts tokens
+    assert service.requests[-1].include_usage is False  # the stream's usage still reaches the metrics
     metrics = client.get("/metrics").text
     assert "jaxchat_completion_tokens_total" in metrics and "jaxchat_completion_tokens_total 0.0" not in metrics
 
@@ -112,7 +113,7 @@ def test_missing_content_type_is_read_as_json(client):
 def test_body_size_limit_413(service):
     from starlette.testclient import TestClient
 
-    with TestClient(create_app(service, limits=ServerLimits(max_body_bytes=1000))) as c:
+    with TestClient(create_app(service, limits=Limits(max_body_bytes=1000))) as c:
         err = assert_error(c.post("/v1/chat/completions", json=chat(user="x" * 2000)), 413, None)
         assert "1000 bytes" in err["message"] and err["code"] == "request_too_large"
 
@@ -130,7 +131,7 @@ def test_body_size_limit_413(service):
 def test_message_and_tool_count_limits(service):
     from starlette.testclient import TestClient
 
-    with TestClient(create_app(service, limits=ServerLimits(max_messages=3, max_tools=2))) as c:
+    with TestClient(create_app(service, limits=Limits(max_messages=3, max_tools=2))) as c:
         msgs = [{"role": "user", "content": "x"}] * 4
         err = assert_error(c.post("/v1/chat/completions", json={"messages": msgs}), 400, "messages")
         assert "at most 3" in err["message"]

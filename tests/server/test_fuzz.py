@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from jaxchat.server import ServerLimits, create_app
+from jaxchat.api import Limits
+from jaxchat.server import create_app
 from tests.server.fake import FakeService
 
-LIMITS = ServerLimits(max_body_bytes=256 * 1024, max_messages=64, max_tools=16)
+LIMITS = Limits(max_body_bytes=256 * 1024, max_messages=64, max_tools=16)
 USER = {"role": "user", "content": "hello"}
 JSON_CT = {"content-type": "application/json"}
 
@@ -261,4 +262,4 @@ def test_fuzz_malformed_requests():
         f"running={len(service.active)}"
     )
     assert counts["sent"] >= 1000 and counts["5xx"] == 0 and counts["4xx"] == counts["sent"]
-    assert not service.active and not service.bodies
+    assert not service.active and not service.requests

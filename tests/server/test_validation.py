@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from jaxchat.api import Limits, parse_chat_request, parse_completion_request
 from jaxchat.chat import RequestError
-from jaxchat.server import ServerLimits, validate_chat_body, validate_completion_body
 from tests.server.helpers import USER, WEATHER_TOOL, assert_error, chat
 
 BAD_CHAT = [
@@ -102,10 +102,10 @@ BAD_CHAT = [
 
 @pytest.mark.parametrize(("fields", "param"), BAD_CHAT, ids=[p for _, p in BAD_CHAT])
 def test_chat_400_names_param(client, service, fields, param):
-    before = len(service.bodies)
+    before = len(service.requests)
     err = assert_error(client.post("/v1/chat/completions", json=chat(**fields)), 400, param, "invalid_request_error")
     assert err["message"]
-    assert len(service.bodies) == before  # refused before the service saw it
+    assert len(service.requests) == before  # refused before the service saw it
 
 
 BAD_COMPLETION = [
@@ -158,18 +158,22 @@ def test_valid_edges_pass(client, fields):
     assert r.status_code == 200, r.text
 
 
-def test_validators_are_pure_and_idempotent():
-    body = chat(stop="x", max_tokens=5, seed=None)
-    out = validate_chat_body(body)
-    assert body["stop"] == "x" and "seed" in body  # the input is not modified
-    assert out["stop"] == ["x"] and "seed" not in out and out["max_completion_tokens"] == 5
-    assert validate_chat_body(out) == out
-    assert validate_completion_body({"prompt": ["hi"]})["prompt"] == "hi"
+def test_readers_are_pure_and_typed():
+    body = chat(stop="x", max_tokens=5, seed=None, max_completion_tokens=None)
+    before = repr(body)
+    request = parse_chat_request(body)
+    assert repr(body) == before  # the input is not modified
+    assert request.sampling.stop == ("x",) and request.sampling.seed is None and request.sampling.max_tokens == 5
+    assert parse_chat_request(chat(max_tokens=9, max_completion_tokens=7)).sampling.max_tokens == 7
+    assert parse_chat_request(body) == request
+    assert parse_completion_request({"prompt": ["hi"]}).prompt == "hi"
+    assert parse_completion_request({"prompt": [[1, 2]]}).prompt == (1, 2)
+    assert parse_completion_request({"prompt": "x"}).sampling.max_tokens == 16  # the OpenAI default
     with pytest.raises(RequestError) as info:
-        validate_chat_body(chat(max_tokens=100), ServerLimits(), max_context=50)
+        parse_chat_request(chat(max_tokens=100), Limits(), max_context=50)
     assert info.value.param == "max_tokens" and "50" in info.value.message
     with pytest.raises(RequestError):
-        validate_chat_body([1])
+        parse_chat_request([1])
 
 
 @pytest.mark.parametrize("raw", [b"1e400", b"-1e999", b"1E+309"])

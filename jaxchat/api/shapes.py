@@ -1,7 +1,7 @@
-"""OpenAI response shapes: chat.completion, chat.completion.chunk, text_completion, usage.
+"""OpenAI response shapes: chat.completion, chat.completion.chunk, text_completion, usage, errors.
 
 Contract: pure builders from parsed messages and counts to the JSON-able dicts the OpenAI API returns;
-no I/O, no engine state. `content` is null when a reply is only tool calls; reasoning goes out both as
+no I/O, no engine state. Every error body is `{"error": {"message", "type", "param", "code"}}`. `content` is null when a reply is only tool calls; reasoning goes out both as
 `reasoning_content` and as `reasoning` (which newer clients read).
 """
 
@@ -11,6 +11,12 @@ import time
 import uuid
 
 from jaxchat.chat import ChatMsg, ChatMsgDelta
+
+
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 def new_id(prefix: str) -> str:

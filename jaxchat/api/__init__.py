@@ -1,0 +1,37 @@
+"""The wire APIs without HTTP: OpenAI chat completions and completions, read once into typed requests.
+
+Contract: `parse_chat_request(body, limits)` / `parse_completion_request(body, limits)` raise every
+400 about a body (`jaxchat.chat.RequestError`) and return frozen `ChatRequest` / `CompletionRequest`
+values; `Limits` is the one place a bound is stated; `ChatService` (`service`) runs a typed request
+through template, tokenizer, grammar, engine and parser and returns OpenAI shapes (`shapes`);
+`build_chat_service` loads a model and builds that pipeline. `RequestError` is the chat library's
+(a 400 naming its `param`), re-exported for the layers above. This package never imports starlette,
+and importing it does not import jax or xgrammar (only `build_chat_service` does, when called).
+"""
+
+from jaxchat.api.build import build_chat_service, model_id_for
+from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.limits import Limits
+from jaxchat.api.request import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    parse_chat_request,
+    parse_completion_request,
+)
+from jaxchat.api.service import ChatService
+from jaxchat.chat.errors import RequestError
+
+__all__ = [
+    "ChatRequest",
+    "ChatService",
+    "ChunkStream",
+    "CompletionRequest",
+    "Limits",
+    "RequestError",
+    "Sampling",
+    "build_chat_service",
+    "model_id_for",
+    "parse_chat_request",
+    "parse_completion_request",
+]

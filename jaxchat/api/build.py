@@ -1,0 +1,40 @@
+"""Build the serving pipeline for a model path: engine, grammar engine and `ChatService` in one call.
+
+Contract: `build_chat_service(model=None, max_batch=8, max_context=4096, dtype="float32",
+constrained=True, **engine_kwargs)` loads `model` (an HF directory, a GGUF file or an orbax
+checkpoint; None = the default model asset), starts an engine and, unless `constrained` is False, a
+grammar engine over the same tokenizer and vocabulary, and returns the `ChatService` serving it
+under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request
+readers and shapes of `jaxchat.api` load without them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxchat.api.service import ChatService
+
+__all__ = ["build_chat_service", "model_id_for"]
+
+_QUANT_SUFFIXES = (".gguf", "-q4_k_m", "-q4_1", "-Q4_K_M", ".Q4_1")
+
+
+def model_id_for(path) -> str:
+    """The name a model is served under: its file or directory name without quantisation suffixes."""
+    name = Path(str(path)).name
+    for suffix in _QUANT_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name
+
+
+def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "float32",
+                       constrained: bool = True, **engine_kwargs) -> ChatService:
+    from jaxchat.assets import DEFAULT_MODEL, asset_path
+    from jaxchat.constrain import GrammarEngine
+    from jaxchat.engine.engine import Engine
+
+    if model is None:
+        model = asset_path(DEFAULT_MODEL)
+    engine = Engine.from_path(str(model), dtype=dtype, max_batch=max_batch, max_context=max_context, **engine_kwargs)
+    grammar = GrammarEngine(engine.tokenizer, vocab_size=engine.model.config.vocab_size) if constrained else None
+    return ChatService(engine, model_id_for(model), grammar)

@@ -1,0 +1,226 @@
+"""Read an OpenAI request body once, into a typed value: every 400 about the body is raised here.
+
+Contract
+--------
+`parse_chat_request(body, limits, max_context=None) -> ChatRequest` and
+`parse_completion_request(body, limits, max_context=None) -> CompletionRequest` are pure: they never
+modify `body`, and they raise `jaxchat.chat.RequestError(param, message)` whose `param` names the
+offending field the way the OpenAI API spells it (`messages[2].role`, `stream_options.include_usage`,
+`stop[1]`, `tools[0].function.parameters`). A field set to null reads as absent; unknown fields are
+ignored. Every bound comes from `limits` (`jaxchat.api.Limits`); `max_context` (the model's) bounds
+`max_tokens`. The chat body's constraint fields (tools, tool_choice, response_format, thinking) are
+read by `jaxchat.chat.chat_constraint_request_from_openai`, called exactly once per request, and
+every JSON schema in them must be a valid JSON schema.
+
+What is checked besides: `model` (a string), `stream` and `stream_options.include_usage` (booleans;
+`stream_options` needs `stream: true`), `n` 1..`limits.max_n`, `max_tokens` / `max_completion_tokens`
+positive and within the context (`max_completion_tokens` wins), `temperature` 0..2, `top_p` (0, 1],
+`top_k` >= -1, `min_p` 0..1, `presence_penalty` and `frequency_penalty` -2..2, `repetition_penalty`
+> 0, `seed` a 64-bit integer, `stop` a string or at most `limits.max_stop` non-empty strings,
+`ignore_eos` a boolean, `stop_token_ids` non-negative integers; for chat `logprobs` a boolean and
+`top_logprobs` 0..`limits.max_top_logprobs` with `logprobs: true`; for completions `prompt` a
+string or a list of token ids (or a one-item list of either), `echo` a boolean, `logprobs` 0..5.
+
+The checks that need the model (the rendered prompt's length, a template without tools) are the
+service's (`jaxchat.api.service`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxchat.api.limits import Limits
+from jaxchat.api.messages import parse_messages
+from jaxchat.chat import ConstraintRequest, chat_constraint_request_from_openai
+from jaxchat.chat.errors import RequestError, expect_bool, expect_int, expect_number, expect_object, got, is_int
+
+__all__ = ["ChatRequest", "CompletionRequest", "Sampling", "parse_chat_request", "parse_completion_request"]
+
+_SEED_RANGE = (-(2**63), 2**64 - 1)
+COMPLETION_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling fields of a request, defaulted as the OpenAI API defaults them."""
+
+    max_tokens: int | None = None  # None: up to the end of the model's context
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off (-1 in a request means the same)
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = off; k = the chosen token's logprob plus the top k
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[dict, ...]
+    constraint: ConstraintRequest
+    sampling: Sampling
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str | tuple[int, ...]
+    sampling: Sampling
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+    logprobs: int | None = None
+
+
+def _body(raw: object) -> dict:
+    if not isinstance(raw, dict):
+        raise RequestError(None, f"the request body must be a JSON object, got {got(raw)}")
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = expect_bool(body.get("stream"), "stream", False)
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    expect_object(options, "stream_options", "an object like {'include_usage': true}")
+    if not stream:
+        raise RequestError("stream_options", "stream_options is only allowed when stream is true")
+    expect_bool(options.get("continuous_usage_stats"), "stream_options.continuous_usage_stats", False)
+    return stream, expect_bool(options.get("include_usage"), "stream_options.include_usage", False)
+
+
+def _stop(raw: object, limits: Limits) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list):
+        raise RequestError("stop", f"expected a string or an array of strings, got {got(raw)}")
+    if len(items) > limits.max_stop:
+        raise RequestError("stop", f"at most {limits.max_stop} stop sequences are allowed, got {len(items)}")
+    for i, item in enumerate(items):
+        param = "stop" if isinstance(raw, str) else f"stop[{i}]"
+        if not isinstance(item, str):
+            raise RequestError(param, f"expected a string, got {got(item)}")
+        if not item:
+            raise RequestError(param, "stop sequences must not be empty")
+    return tuple(items)
+
+
+def _token_ids(raw: object, param: str) -> tuple[int, ...]:
+    if not isinstance(raw, list):
+        raise RequestError(param, f"expected an array of token ids, got {got(raw)}")
+    for i, tok in enumerate(raw):
+        if not is_int(tok) or tok < 0:
+            raise RequestError(f"{param}[{i}]", f"expected a non-negative integer, got {got(tok)}")
+    return tuple(raw)
+
+
+def _sampling(body: dict, limits: Limits, max_context: int | None, logprobs: int | None,
+              default_max_tokens: int | None) -> Sampling:
+    cap = max_context or limits.max_tokens_cap
+    context = f" (the model's context is {max_context} tokens)" if max_context else ""
+    max_tokens = expect_int(body.get("max_tokens"), "max_tokens", 1, cap, what=context)
+    max_tokens = expect_int(body.get("max_completion_tokens"), "max_completion_tokens", 1, cap, max_tokens, context)
+    return Sampling(
+        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+        temperature=expect_number(body.get("temperature"), "temperature", 0.0, 2.0, 1.0),
+        top_p=expect_number(body.get("top_p"), "top_p", 0.0, 1.0, 1.0, lo_open=True),
+        top_k=max(0, expect_int(body.get("top_k"), "top_k", -1, None, 0)),
+        min_p=expect_number(body.get("min_p"), "min_p", 0.0, 1.0, 0.0),
+        presence_penalty=expect_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=expect_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, 0.0),
+        repetition_penalty=expect_number(body.get("repetition_penalty"), "repetition_penalty", 0.0, None, 1.0,
+                                         lo_open=True),
+        seed=expect_int(body.get("seed"), "seed", *_SEED_RANGE),
+        stop=_stop(body.get("stop"), limits),
+        stop_token_ids=_token_ids(body["stop_token_ids"], "stop_token_ids") if "stop_token_ids" in body else (),
+        ignore_eos=expect_bool(body.get("ignore_eos"), "ignore_eos", False),
+        logprobs=logprobs,
+    )
+
+
+def _model(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("model", f"expected the model name as a string, got {got(model)}")
+    return model
+
+
+def _check_schemas(request: ConstraintRequest) -> None:
+    """Every JSON schema of the request is a valid JSON schema (a 400 naming it otherwise)."""
+    import jsonschema  # not needed to import the package
+
+    schemas = [(f"tools[{i}].function.parameters", t["function"]["parameters"]) for i, t in enumerate(request.tools)]
+    if request.response_format == "json_schema" and request.json_schema is not None:
+        schemas.append(("response_format.json_schema.schema", request.json_schema))
+    for param, schema in schemas:
+        try:
+            jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise RequestError(param, f"invalid JSON schema: {exc.message}") from None
+
+
+def parse_chat_request(raw: object, limits: Limits | None = None, max_context: int | None = None) -> ChatRequest:
+    limits = limits or Limits()
+    body = _body(raw)
+    model = _model(body)
+    messages = parse_messages(body.get("messages"), limits)
+    stream, include_usage = _stream(body)
+    n = expect_int(body.get("n"), "n", 1, limits.max_n, 1)
+    logprobs = expect_bool(body.get("logprobs"), "logprobs", False)
+    top = expect_int(body.get("top_logprobs"), "top_logprobs", 0, limits.max_top_logprobs)
+    if top is not None and not logprobs:
+        raise RequestError("top_logprobs", "top_logprobs needs logprobs set to true")
+    sampling = _sampling(body, limits, max_context, (top or 0) if logprobs else None, None)
+    constraint = chat_constraint_request_from_openai(
+        body, max_tools=limits.max_tools, max_schema_depth=limits.max_schema_depth
+    )
+    _check_schemas(constraint)
+    return ChatRequest(messages, constraint, sampling, model, n, stream, include_usage)
+
+
+def _prompt(raw: object, limits: Limits) -> str | tuple[int, ...]:
+    if raw is None:
+        raise RequestError("prompt", "missing required field: prompt (a string or an array of token ids)")
+    if isinstance(raw, list) and raw and all(isinstance(p, (str, list)) for p in raw):
+        if len(raw) > limits.max_prompt_items:
+            raise RequestError("prompt", f"at most {limits.max_prompt_items} prompt(s) per request, got {len(raw)}")
+        raw = raw[0]
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, list):
+        raise RequestError("prompt", f"expected a string or an array of token ids, got {got(raw)}")
+    if not raw:
+        raise RequestError("prompt", "prompt must not be empty")
+    for i, tok in enumerate(raw):
+        if not is_int(tok) or tok < 0:
+            raise RequestError(f"prompt[{i}]", f"expected a non-negative token id, got {got(tok)}")
+    return tuple(raw)
+
+
+def parse_completion_request(raw: object, limits: Limits | None = None,
+                             max_context: int | None = None) -> CompletionRequest:
+    limits = limits or Limits()
+    body = _body(raw)
+    model = _model(body)
+    prompt = _prompt(body.get("prompt"), limits)
+    if body.get("suffix"):
+        raise RequestError("suffix", "suffix is not supported")
+    stream, include_usage = _stream(body)
+    n = expect_int(body.get("n"), "n", 1, limits.max_n, 1)
+    sampling = _sampling(body, limits, max_context, None, COMPLETION_MAX_TOKENS)
+    echo = expect_bool(body.get("echo"), "echo", False)
+    logprobs = expect_int(body.get("logprobs"), "logprobs", 0, 5)
+    return CompletionRequest(prompt, sampling, model, n, stream, include_usage, echo, logprobs)

@@ -1,0 +1,308 @@
+"""The serving pipeline shared by the HTTP server and `jaxchat.LLM`: a typed request in, OpenAI shapes out.
+
+Contract: `ChatService(engine, model_id, grammar=None)` takes requests already read by
+`jaxchat.api.request` (`ChatRequest`, `CompletionRequest`); it never re-reads a request body. A chat
+request is rendered with the model's own template, tokenised, given a prefill and a constraint built
+from the model's one `ChatFormatSpec`, run through the engine, and read back by the same spec's
+parser: once for a plain response, incrementally (`ChatStream`) for a stream, so both modes agree by
+construction. The 400s that need the model are raised here, before any output: a template that cannot
+render tools under `tool_choice` "required"/named, no chat template, a prompt the tokenizer cannot
+encode, one that is empty after tokenisation or does not fit the context. `chat_completion` / `completion` return the response dict
+(with `usage`); `chat_completion_stream` / `completion_stream` return a `ChunkStream` whose `usage`
+is set when the response is complete; errors found before the first chunk are raised on the first
+`__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
+aborts its engine requests. `generate(request)` runs a completion request to the end and returns its
+text and token ids (the notebook API's `generate`); `close()` stops the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+from jaxchat.api import shapes
+from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.request import ChatRequest, CompletionRequest, Sampling
+from jaxchat.chat import (
+    ChatParseOptions,
+    ChatStream,
+    ChatTemplate,
+    ConstraintRequest,
+    RequestError,
+    chat_finish_reason,
+    chat_format_detect,
+    chat_format_prefill,
+    chat_parse,
+)
+from jaxchat.chat.detect import is_token_from_vocab
+from jaxchat.chat.stream import new_tool_call_id
+from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+
+log = logging.getLogger("jaxchat")
+
+PROMPT_TAIL_TOKENS = 32
+GENERATION_FAILED = shapes.error_body("generation failed", "server_error")  # details stay in the server log
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    prompt_ids: tuple[int, ...]
+    prefill: str
+    options: ChatParseOptions
+    constraint: ConstraintRequest
+    sampling: SamplingParams
+    n: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One finished generation: its text, token ids, finish reason and logprobs (None when not asked)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list | None
+    num_tokens: int  # generated tokens, counting any whose text a stop string cut
+
+
+class ChatService:
+    def __init__(self, engine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
+        self.engine = engine
+        self.model_id = model_id
+        self.tokenizer = engine.tokenizer
+        self.max_context = engine.stats()["max_context"]
+        source = chat_template or getattr(engine.model, "chat_template", None) or ""
+        special = {"bos_token": _text(getattr(self.tokenizer, "bos_token", None)),
+                   "eos_token": _text(getattr(self.tokenizer, "eos_token", None))}
+        self.template = ChatTemplate(source, **special) if source else None
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        self.spec = chat_format_detect(source, is_token_from_vocab(vocab.keys()))
+        log.info("Chat format: %s", self.spec)
+        self.grammar = grammar
+        self.tools_enabled = bool(self.template and self.template.tools_enabled)
+        self.stop_token_ids = tuple(
+            t for marker in self.spec.extra_stops if (t := self._single_token(marker)) is not None
+        )
+
+    def _single_token(self, text: str) -> int | None:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    # ---- preparing a request -------------------------------------------------------------------------
+    def prepare_chat(self, request: ChatRequest) -> PreparedChat:
+        constraint = request.constraint
+        tools = list(constraint.tools)
+        if tools and not self.tools_enabled:
+            if constraint.tool_choice == "required":
+                raise RequestError("tool_choice", "this model's chat template does not render tools, so "
+                                   "tool_choice 'required' or a named function cannot be honoured")
+            tools = []
+        if self.template is None:
+            raise RequestError("messages", "this model has no chat template; use /v1/completions")
+        kwargs = dict(constraint.chat_template_kwargs)
+        kwargs.setdefault("enable_thinking", constraint.allow_reasoning)
+        if constraint.reasoning_effort:
+            kwargs.setdefault("reasoning_effort", constraint.reasoning_effort)
+        prompt = self.template.render(list(request.messages), tools=tools or None, add_generation_prompt=True,
+                                      **kwargs)
+        prompt_ids = self._checked_prompt(self._encode(prompt, "messages", False), "messages")
+        tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+        options = ChatParseOptions(parse_tool_calls=bool(tools) and constraint.tool_choice != "none",
+                                   tools=tuple(tools))
+        return PreparedChat(tuple(prompt_ids), chat_format_prefill(self.spec, tail), options, constraint,
+                            self._sampling(request.sampling, len(prompt_ids)), request.n)
+
+    def _encode(self, text: str, param: str, special: bool) -> list[int]:
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=special)
+        except Exception as exc:  # noqa: BLE001 - `tokenizers` raises a bare Exception for text it cannot encode
+            raise RequestError(param, f"the model's tokenizer cannot encode the {param}: {exc}") from None
+
+    def _checked_prompt(self, prompt_ids: list[int], param: str) -> list[int]:
+        if not prompt_ids:
+            raise RequestError(param, f"the {param} tokenise to an empty prompt: send text that the model's "
+                               "tokenizer encodes to at least one token")
+        if len(prompt_ids) >= self.max_context:
+            raise RequestError(param, f"the prompt has {len(prompt_ids)} tokens, but the model's context is "
+                               f"{self.max_context} tokens")
+        return prompt_ids
+
+    def _sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
+        room = self.max_context - prompt_len
+        return SamplingParams(
+            max_tokens=min(s.max_tokens, room) if s.max_tokens else room,
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty, seed=s.seed, stop=s.stop,
+            stop_token_ids=tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids)),
+            ignore_eos=s.ignore_eos, logprobs=s.logprobs,
+        )
+
+    def _constraint(self, prepared: PreparedChat):
+        if self.grammar is None:
+            return None
+        try:
+            return self.grammar.make(self.spec, prepared.constraint, prepared.prefill, tools_enabled=self.tools_enabled)
+        except RequestError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # xgrammar cannot compile what the request asks for
+            c = prepared.constraint
+            param = "response_format" if c.response_format != "text" and not c.tools else "tools"
+            raise RequestError(param, f"the request's JSON schemas cannot be compiled into a grammar: {exc}") from None
+
+    def _requests(self, prompt_ids, sampling: SamplingParams, n: int, constraint=None) -> list[GenerationRequest]:
+        """n generation requests; each gets its own constraint (`constraint()`) and seed + index."""
+        return [
+            GenerationRequest(list(prompt_ids), replace(sampling, seed=sampling.seed + i) if sampling.seed is not None
+                              and i else sampling, constraint() if constraint else None)
+            for i in range(n)
+        ]
+
+    async def _collect(self, request: GenerationRequest) -> Generated:
+        parts, tokens, finish, logprobs, n_tokens = [], [], None, None, 0
+        async for out in self.engine.generate(request):
+            parts.append(out.text)
+            tokens.extend(out.token_ids)
+            n_tokens = out.num_generated_tokens or n_tokens + len(out.token_ids)
+            if out.logprobs:
+                logprobs = (logprobs or []) + out.logprobs
+            if out.finished:
+                finish = out.finish_reason
+                if finish == "error":
+                    raise RuntimeError(f"generation failed: {out.error}")  # logged by the server, never sent
+        return Generated("".join(parts), tokens, finish, logprobs, n_tokens)
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    # ---- chat completions ----------------------------------------------------------------------------
+    async def chat_completion(self, request: ChatRequest) -> dict:
+        prepared = self.prepare_chat(request)
+        gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
+        results = await asyncio.gather(*(self._collect(r) for r in gens))
+        choices, completion_tokens, reasoning_tokens = [], 0, 0
+        for index, result in enumerate(results):
+            msg = chat_parse(self.spec, prepared.prefill + result.text, False, prepared.options)
+            for call in msg.tool_calls:
+                call.id = new_tool_call_id()
+            completion_tokens += result.num_tokens
+            reasoning_tokens += self._count_tokens(msg.reasoning_content)
+            choices.append(shapes.chat_choice(index, msg, chat_finish_reason(msg, result.finish_reason),
+                                              shapes.logprobs_json(self.tokenizer, result.logprobs)))
+        usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
+        return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
+
+    def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._chat_chunks(request, stream))
+
+    async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        prepared = self.prepare_chat(request)  # raises before the first chunk
+        factory = shapes.ChunkFactory(self.model_id, request.include_usage)
+        gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
+        parsers = [ChatStream(self.spec, prepared.options) for _ in gens]
+        for parser in parsers:
+            parser.update(prepared.prefill, False)
+        completion_tokens, reasoning_tokens, done = 0, 0, 0
+        try:
+            for index in range(len(gens)):
+                yield factory.delta(index, {"role": "assistant", "content": ""})
+            while done < len(gens):
+                index, out = await queue.get()
+                if isinstance(out, BaseException):
+                    yield GENERATION_FAILED
+                    return
+                parser = parsers[index]
+                deltas = parser.update(out.text, out.finished and out.finish_reason != "error")
+                logprobs = shapes.logprobs_json(self.tokenizer, out.logprobs)
+                for delta in deltas:
+                    yield factory.delta(index, shapes.delta_json(delta), logprobs=logprobs)
+                    logprobs = None
+                if not out.finished:
+                    continue
+                done += 1
+                if out.finish_reason == "error":
+                    log.error("request failed: %s", out.error)
+                    yield GENERATION_FAILED
+                    return
+                completion_tokens += out.num_generated_tokens
+                reasoning_tokens += self._count_tokens(parser.parsed.reasoning_content)
+                yield factory.delta(index, {}, chat_finish_reason(parser.parsed, out.finish_reason))
+            stream.usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
+            if request.include_usage:
+                yield factory.usage_chunk(stream.usage)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue) -> None:
+        try:
+            async for out in self.engine.generate(request):
+                queue.put_nowait((index, out))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failure of this request only
+            log.exception("request failed")
+            queue.put_nowait((index, exc))
+
+    # ---- text completions ----------------------------------------------------------------------------
+    def _prepare_completion(self, request: CompletionRequest) -> tuple[list[int], SamplingParams]:
+        prompt = request.prompt
+        ids = list(prompt) if isinstance(prompt, tuple) else self._encode(prompt, "prompt", True)
+        ids = self._checked_prompt(ids, "prompt")
+        return ids, self._sampling(request.sampling, len(ids))
+
+    async def completion(self, request: CompletionRequest) -> dict:
+        ids, sampling = self._prepare_completion(request)
+        results = await asyncio.gather(*(self._collect(g) for g in self._requests(ids, sampling, request.n)))
+        choices = [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+                   for i, r in enumerate(results)]
+        usage = shapes.usage(len(ids), sum(r.num_tokens for r in results))
+        return shapes.text_completion(shapes.new_id("cmpl"), self.model_id, choices, usage)
+
+    def completion_stream(self, request: CompletionRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._completion_chunks(request, stream))
+
+    async def _completion_chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        ids, sampling = self._prepare_completion(request)
+        rid = shapes.new_id("cmpl")
+        generated = 0
+        async for out in self.engine.generate(GenerationRequest(list(ids), sampling)):
+            if out.finished and out.finish_reason == "error":
+                log.error("request failed: %s", out.error)
+                yield GENERATION_FAILED
+                return
+            generated = out.num_generated_tokens or generated
+            yield shapes.text_completion(rid, self.model_id, [_text_choice(out)], None, chunk=True)
+        stream.usage = shapes.usage(len(ids), generated)
+        if request.include_usage:
+            yield shapes.text_completion(rid, self.model_id, [], stream.usage, chunk=True)
+
+    async def generate(self, request: CompletionRequest) -> Generated:
+        ids, sampling = self._prepare_completion(request)
+        return await self._collect(GenerationRequest(ids, sampling))
+
+    def close(self) -> None:
+        """Stop the engine (idempotent)."""
+        self.engine.shutdown()
+
+    def stats(self) -> dict:
+        s = self.engine.stats()
+        return {
+            "running": s["running"],
+            "waiting": s["waiting"],
+            "slots_total": s["max_batch"],
+            "slots_busy": s["max_batch"] - s["free_slots"],
+            "compiles": s["compile_count"],
+        }
+
+
+def _text(token) -> str:
+    return token if isinstance(token, str) else ""
+
+
+def _text_choice(out: GenerationOutput) -> dict:
+    return {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason if out.finished else None}
