@@ -11,7 +11,7 @@ only on an assistant turn that has `tool_calls` or reasoning; only assistant tur
 from __future__ import annotations
 
 from jaxchat.api.limits import Limits
-from jaxchat.chat.errors import RequestError, expect_str, got
+from jaxchat.chat.errors import RequestError, expect_items, expect_str, got
 
 __all__ = ["ROLES", "parse_messages"]
 
@@ -19,12 +19,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def parse_messages(raw: object, limits: Limits) -> tuple[dict, ...]:
-    if raw is None:
-        raise RequestError("messages", "missing required field: messages (a non-empty array of message objects)")
-    if not isinstance(raw, list):
-        raise RequestError("messages", f"expected an array of message objects, got {got(raw)}")
-    if not raw:
-        raise RequestError("messages", "messages must not be empty")
+    raw = expect_items(raw, "messages", "message objects")
     if len(raw) > limits.max_messages:
         raise RequestError("messages", f"at most {limits.max_messages} messages are allowed, got {len(raw)}")
     return tuple(_message(msg, i) for i, msg in enumerate(raw))

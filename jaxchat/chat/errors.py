@@ -65,13 +65,27 @@ def expect_bool(value: object, param: str, default: bool) -> bool:
     return value
 
 
-def expect_name(value: object, param: str, what: str) -> str:
+def _present(value: object, param: str, kind: type, missing: str, expected: str):
+    """`value` when it is there and a `kind`; else a 400 saying what is missing or what was expected."""
     if value is None:
-        raise RequestError(param, f"missing required field: the {what}")
-    if not isinstance(value, str):
-        raise RequestError(param, f"expected the {what} as a string, got {got(value)}")
+        raise RequestError(param, f"missing required field: {missing}")
+    if not isinstance(value, kind):
+        raise RequestError(param, f"expected {expected}, got {got(value)}")
+    return value
+
+
+def expect_name(value: object, param: str, what: str) -> str:
+    value = _present(value, param, str, f"the {what}", f"the {what} as a string")
     if not NAME_RE.fullmatch(value):
         raise RequestError(param, f"invalid {what} {value!r}: use 1 to 64 characters from a-z, A-Z, 0-9, '_' and '-'")
+    return value
+
+
+def expect_items(value: object, param: str, what: str) -> list:
+    """A JSON array of at least one item; `what` names the items in the messages ("tool references")."""
+    value = _present(value, param, list, f"a non-empty array of {what}", f"an array of {what}")
+    if not value:
+        raise RequestError(param, f"expected at least one of the {what}, got an empty array")
     return value
 
 

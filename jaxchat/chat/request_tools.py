@@ -10,7 +10,7 @@ Pure stdlib: this module is imported by `jaxchat.chat`, which must load without 
 
 from __future__ import annotations
 
-from jaxchat.chat.errors import RequestError, expect_bool, expect_name, expect_object, got
+from jaxchat.chat.errors import RequestError, expect_bool, expect_items, expect_name, expect_object, got
 
 TOOL_CHOICE_MODES = ("none", "auto", "required")
 
@@ -149,13 +149,7 @@ def parse_tool_choice(raw: object, names: tuple[str, ...]) -> tuple[str, tuple[s
         raise RequestError("tool_choice.allowed_tools.mode", "missing required field: 'auto' or 'required'")
     if mode not in ("auto", "required"):
         raise RequestError("tool_choice.allowed_tools.mode", f"expected 'auto' or 'required', got {got(mode)}")
-    refs = allowed.get("tools")
-    if refs is None:
-        raise RequestError("tool_choice.allowed_tools.tools", "missing required field: the array of allowed tools")
-    if not isinstance(refs, list):
-        raise RequestError("tool_choice.allowed_tools.tools", f"expected an array of tool references, got {got(refs)}")
-    if not refs:
-        raise RequestError("tool_choice.allowed_tools.tools", "expected at least one tool, got an empty array")
+    refs = expect_items(allowed.get("tools"), "tool_choice.allowed_tools.tools", "tool references")
     picked: list[str] = []
     for i, ref in enumerate(refs):
         name = _tool_ref_name(ref, f"tool_choice.allowed_tools.tools[{i}]", names)

@@ -165,7 +165,7 @@ ERRORS = [
         "tool_choice.allowed_tools.tools",
         "expected an array",
     ),
-    ({"tools": TWO, "tool_choice": allowed("required")}, "tool_choice.allowed_tools.tools", "at least one tool"),
+    ({"tools": TWO, "tool_choice": allowed("required")}, "tool_choice.allowed_tools.tools", "at least one of the tool"),
     (
         {"tools": TWO, "tool_choice": allowed("auto", "a", "zz")},
         "tool_choice.allowed_tools.tools[1].function.name",
