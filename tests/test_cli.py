@@ -32,11 +32,17 @@ def test_unknown_command_exits_2():
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
-def test_help_lists_commands():
-    result = subprocess.run([sys.executable, "-m", "jaxchat.cli", "--help"], capture_output=True, text=True, timeout=120, check=False)
+@pytest.mark.parametrize("module", ["jaxchat", "jaxchat.cli"])
+def test_help_lists_commands(module):
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0
     for command in ("serve", "chat", "convert", "bench"):
         assert command in result.stdout
+
+
+def test_python_m_jaxchat_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "jaxchat", "fly"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2 and "usage: jaxchat" in result.stderr
 
 
 def test_chat_renders_reasoning_dimmed_and_tool_calls():

@@ -3,7 +3,8 @@
 `tiny_chat_model(dir, template=None)` writes (once; reused when present) an HF directory with a 2-layer,
 hidden-64 random Qwen2 over the full Qwen2.5 vocabulary, next to the REAL Qwen2.5 tokenizer and chat
 template taken from the default model's GGUF; `template` replaces the chat template by the named real
-template (e.g. "Qwen-QwQ-32B.jinja" for a reasoning format). `build_chat_service(dir)` then runs the
+template (e.g. "Qwen-QwQ-32B.jinja" for a reasoning format) and `special_tokens` are added to the
+vocabulary (another format's markers, as single tokens). `build_chat_service(dir)` then runs the
 whole real pipeline with random weights: outputs are gibberish, but constrained requests still produce
 valid calls/JSON and greedy outputs are deterministic.
 """
@@ -15,7 +16,8 @@ import shutil
 from pathlib import Path
 
 
-def tiny_chat_model(directory: str | Path, template: str | None = None, seed: int = 0) -> Path:
+def tiny_chat_model(directory: str | Path, template: str | None = None, seed: int = 0,
+                    special_tokens: tuple[str, ...] = ()) -> Path:
     out = Path(directory)
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
@@ -29,6 +31,9 @@ def tiny_chat_model(directory: str | Path, template: str | None = None, seed: in
     assert tokenizer.chat_template and "<tool_call>" in tokenizer.chat_template, "the default model's template lost its tools"
     if template:
         tokenizer.chat_template = template_path(template).read_text()
+    if special_tokens:  # the Qwen2.5 vocabulary leaves ~270 ids free below the model's 151,936 logits
+        tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)},
+                                     replace_additional_special_tokens=False)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -5,7 +5,10 @@ Contract: `ChatService(engine, model_id, grammar=None)` takes requests already r
 request is rendered with the model's own template, tokenised, given a prefill and a constraint built
 from the model's one `ChatFormatSpec`, run through the engine, and read back by the same spec's
 parser: once for a plain response, incrementally (`ChatStream`) for a stream, so both modes agree by
-construction. The 400s that need the model are raised here, before any output: a template that cannot
+construction. An output cut before the model ended its turn (max_tokens, a stop string, a stop token
+of the request's) is read as the stream read it, so a tool call it cut keeps its name and the arguments
+generated so far and none of its markup becomes content; under tool_choice "required" or named,
+`content` is null. The 400s that need the model are raised here, before any output: a template that cannot
 render tools under `tool_choice` "required"/named, no chat template, a prompt the tokenizer cannot
 encode, one that is empty after tokenisation or does not fit the context. `chat_completion` / `completion` return the response dict
 (with `usage`); `chat_completion_stream` / `completion_stream` return a `ChunkStream` whose `usage`
@@ -65,6 +68,7 @@ class Generated:
     finish_reason: str | None
     logprobs: list | None
     num_tokens: int  # generated tokens, counting any whose text a stop string cut
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
 class ChatService:
@@ -161,7 +165,7 @@ class ChatService:
         ]
 
     async def _collect(self, request: GenerationRequest) -> Generated:
-        parts, tokens, finish, logprobs, n_tokens = [], [], None, None, 0
+        parts, tokens, finish, logprobs, n_tokens, stop_reason = [], [], None, None, 0, None
         async for out in self.engine.generate(request):
             parts.append(out.text)
             tokens.extend(out.token_ids)
@@ -169,10 +173,22 @@ class ChatService:
             if out.logprobs:
                 logprobs = (logprobs or []) + out.logprobs
             if out.finished:
-                finish = out.finish_reason
+                finish, stop_reason = out.finish_reason, out.stop_reason
                 if finish == "error":
                     raise RuntimeError(f"generation failed: {out.error}")  # logged by the server, never sent
-        return Generated("".join(parts), tokens, finish, logprobs, n_tokens)
+        return Generated("".join(parts), tokens, finish, logprobs, n_tokens, stop_reason)
+
+    def _was_cut(self, prepared: PreparedChat, finish: str | None, stop_reason) -> bool:
+        """Whether the output ended before the model ended its turn: by max_tokens, a stop string or one
+        of the request's own stop tokens. A cut output is read as the stream read it (a partial parse:
+        a call cut short keeps its name and the arguments so far, and no markup becomes content)."""
+        cut = finish == "length" or (finish == "stop" and (isinstance(stop_reason, str) or (
+            stop_reason in prepared.sampling.stop_token_ids and stop_reason not in self.stop_token_ids
+            and stop_reason not in self.engine.eos_token_ids)))
+        if cut and prepared.options.parse_tool_calls:
+            log.info("output cut before the end of the turn (finish_reason %s, stop %r): read as streamed",
+                     finish, stop_reason)
+        return cut
 
     def _count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
@@ -184,13 +200,15 @@ class ChatService:
         results = await asyncio.gather(*(self._collect(r) for r in gens))
         choices, completion_tokens, reasoning_tokens = [], 0, 0
         for index, result in enumerate(results):
-            msg = chat_parse(self.spec, prepared.prefill + result.text, False, prepared.options)
+            cut = self._was_cut(prepared, result.finish_reason, result.stop_reason)
+            msg = chat_parse(self.spec, prepared.prefill + result.text, cut, prepared.options)
             for call in msg.tool_calls:
                 call.id = new_tool_call_id()
             completion_tokens += result.num_tokens
             reasoning_tokens += self._count_tokens(msg.reasoning_content)
             choices.append(shapes.chat_choice(index, msg, chat_finish_reason(msg, result.finish_reason),
-                                              shapes.logprobs_json(self.tokenizer, result.logprobs)))
+                                              shapes.logprobs_json(self.tokenizer, result.logprobs),
+                                              calls_only=_calls_only(prepared)))
         usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
 
@@ -209,14 +227,15 @@ class ChatService:
         completion_tokens, reasoning_tokens, done = 0, 0, 0
         try:
             for index in range(len(gens)):
-                yield factory.delta(index, {"role": "assistant", "content": ""})
+                yield factory.delta(index, {"role": "assistant", "content": None if _calls_only(prepared) else ""})
             while done < len(gens):
                 index, out = await queue.get()
                 if isinstance(out, BaseException):
                     yield GENERATION_FAILED
                     return
                 parser = parsers[index]
-                deltas = parser.update(out.text, out.finished and out.finish_reason != "error")
+                cut = out.finished and self._was_cut(prepared, out.finish_reason, out.stop_reason)
+                deltas = parser.update(out.text, out.finished and out.finish_reason != "error" and not cut)
                 logprobs = shapes.logprobs_json(self.tokenizer, out.logprobs)
                 for delta in deltas:
                     yield factory.delta(index, shapes.delta_json(delta), logprobs=logprobs)
@@ -298,6 +317,11 @@ class ChatService:
             "slots_busy": s["max_batch"] - s["free_slots"],
             "compiles": s["compile_count"],
         }
+
+
+def _calls_only(prepared: PreparedChat) -> bool:
+    """tool_choice "required" or named: the reply is tool calls, so `content` is null."""
+    return prepared.options.parse_tool_calls and prepared.constraint.tool_choice == "required"
 
 
 def _text(token) -> str:

@@ -37,8 +37,10 @@ def tool_call_json(call) -> dict:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def message_json(msg: ChatMsg) -> dict:
-    out: dict = {"role": "assistant", "content": msg.content if (msg.content or not msg.tool_calls) else None}
+def message_json(msg: ChatMsg, calls_only: bool = False) -> dict:
+    """`content` is null when it is empty and the reply is tool calls (or, `calls_only`, must be)."""
+    out: dict = {"role": "assistant",
+                 "content": msg.content if (msg.content or not (msg.tool_calls or calls_only)) else None}
     if msg.reasoning_content:
         out["reasoning_content"] = msg.reasoning_content
         out["reasoning"] = msg.reasoning_content
@@ -58,8 +60,10 @@ def chat_completion(rid: str, model: str, choices: list[dict], usage_json: dict)
     }
 
 
-def chat_choice(index: int, msg: ChatMsg, finish_reason: str | None, logprobs: dict | None) -> dict:
-    return {"index": index, "message": message_json(msg), "logprobs": logprobs, "finish_reason": finish_reason}
+def chat_choice(index: int, msg: ChatMsg, finish_reason: str | None, logprobs: dict | None,
+                calls_only: bool = False) -> dict:
+    return {"index": index, "message": message_json(msg, calls_only), "logprobs": logprobs,
+            "finish_reason": finish_reason}
 
 
 def delta_json(delta: ChatMsgDelta) -> dict:
