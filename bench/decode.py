@@ -203,7 +203,7 @@ def random_model(name: str, dtype: str):
     from flax import nnx
 
     from jaxchat.models import LoadedModel, ModelConfig
-    from jaxchat.models.weights import abstract_model
+    from jaxchat.models.families import abstract_model
 
     cfg = ModelConfig(**RANDOM_CONFIGS[name])
     graphdef, abstract = abstract_model(cfg, dtype)

@@ -3,10 +3,9 @@
 Contract:
 - `GrammarConstraint`: one xgrammar matcher per request. `start(prefill)` feeds the text the prompt
   already opened (Harmony's leading `assistant` role is dropped); `fill_mask(row)` writes the
-  allowed-token bitmask into `row` (numpy int32[ceil(V/32)], bit j of word i is token 32*i + j,
-  1 = allowed; xgrammar writes it in place, no copy); `accept(token)` advances (False when the
-  grammar rejected the token); `accept_forced(token)` advances by a token the model was made to
-  emit; `rollback(n)` undoes n accepted tokens; `is_terminated()`.
+  allowed-token bitmask into `row` (numpy int32, the layout of `jaxchat.bitmask`; xgrammar writes
+  it in place, no copy); `accept(token)` advances (False when the grammar rejected the token);
+  `accept_forced(token)` advances by a token the model was made to emit; `is_terminated()`.
 - Reasoning switch: when the grammar has no reasoning block but reasoning starts anyway (the
   prefill opens it, or a forced token opens it), the constraint switches to the precompiled
   grammar that has one and replays the prefill and the accepted tokens into it.
@@ -27,11 +26,9 @@ import logging
 import numpy as np
 import xgrammar as xgr
 
+from jaxchat.bitmask import mask_words
+
 log = logging.getLogger("jaxchat")
-
-
-def mask_words(vocab_size: int) -> int:
-    return (vocab_size + 31) // 32
 
 
 class GrammarConstraint:
@@ -141,13 +138,6 @@ class GrammarConstraint:
         self.give_up(f"forced token {token} rejected by the grammar")
         return False
 
-    def rollback(self, n: int) -> None:
-        if n <= 0:
-            return
-        del self.history[-n:]
-        if not self.disabled:
-            self._matcher.rollback(n)
-
     def is_terminated(self) -> bool:
         if self.disabled:
             return False
@@ -208,9 +198,6 @@ class TokenBanConstraint:
 
     def accept_forced(self, token: int) -> bool:
         return True
-
-    def rollback(self, n: int) -> None:
-        pass
 
     def is_terminated(self) -> bool:
         return False

@@ -2,7 +2,9 @@
 
 Contract:
 - `Engine(model, max_batch=16, max_context=2048, ...)` places the params on a mesh over all local devices
-  (axis "tp", `model.partition_specs(mesh)`), allocates the batch KV cache, precompiles every batch,
+  (axis "tp", `model.partition_specs(mesh)`), asks the model how to run them on the mesh's platform
+  (`model.step_model(params, platform)`, a `jaxchat.models.StepModel`), hands that to the `StepRunner`
+  (which allocates the batch KV cache in the model's layout), precompiles every batch,
   attention-span and prompt-length bucket (`warmup=True`) and starts the host loop thread; after that no
   request compiles. Decode attends over max_context, max_context/2 or max_context/4 positions, the
   smallest that covers every running row (`default_span_buckets`).
@@ -33,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from jaxchat.engine.compiles import compile_count
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
-from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, pow2_buckets
+from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, mesh_platform, pow2_buckets
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -65,9 +67,8 @@ class Engine:
         specs = model.partition_specs(self.mesh)
         shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
         params = jax.device_put(model.params, shardings)
-        cache_k, cache_v = model.empty_cache(max_batch, max_context)
         self.runner = StepRunner(
-            model.forward, params, cache_k, cache_v, vocab, valid_vocab, self.mesh,
+            model.step_model(params, mesh_platform(self.mesh)), max_batch, max_context, vocab, valid_vocab, self.mesh,
             batch_buckets or pow2_buckets(1, max_batch),
             length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
             span_buckets or default_span_buckets(max_context),
@@ -90,9 +91,9 @@ class Engine:
         from jaxchat.models import load_model
 
         if path is None:
-            from jaxchat.assets import asset_path
+            from jaxchat.assets import DEFAULT_MODEL, asset_path
 
-            path = asset_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+            path = asset_path(DEFAULT_MODEL)
         mesh = kwargs.pop("mesh", None) or make_mesh()
         return cls(load_model(path, dtype, mesh), max_batch, max_context, mesh=mesh, **kwargs)
 

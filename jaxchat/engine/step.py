@@ -1,31 +1,35 @@
 """The jitted device programs: bucketed prefill into one slot, batched decode, slot moves.
 
 Contract:
-- Device state (`DecodeState`, donated into every program) holds the KV cache
-  `[layers, max_batch, max_context, kv_heads, head_dim]`, per-row generated-token counts int32[max_batch, V]
-  and per-row prompt-token masks bool[max_batch, V] (for the penalties).
+- The runner runs the model as its `StepModel` (`jaxchat.models.StepModel`, built by the model for the
+  devices' platform) describes it: the layout, the params in that layout, the forward, the cache builder,
+  whether the forward takes attention spans, and the optional vocab-major head builder. Nothing is probed.
+- Device state (`DecodeState`, donated into every program) holds the KV cache in the model's layout
+  (stacked: `[layers, max_batch, max_context, kv_heads, head_dim]`), per-row generated-token counts
+  int32[max_batch, V] and per-row prompt-token masks bool[max_batch, V] (for the penalties).
 - `decode(tokens[b], positions[b], bitmask[b, W], sampling[b])` runs on slots `0..b-1` for a batch bucket
   `b`: one forward token per row (position -1 = idle row: nothing written, output ignored), then the
-  masked sampler (`sampler.sample`) in the same XLA program; counts of active rows are updated.
+  masked sampler (`sampler.sample`) in the same XLA program; counts of active rows are updated. Bitmasks
+  have the layout of `jaxchat.bitmask`, W = `mask_words(V)` words per row.
 - `prefill(slot, prompt_ids, bitmask[1, W], sampling[1])` pads the prompt to a length bucket, writes its
   K/V into `slot`, resets the slot's counts and prompt mask and samples the first token through the same
   masked sampler.  `move(src, dst)` copies one slot's rows (used to keep active slots compact).
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket (with non-trivial masks and
   sampling parameters); after it, no call compiles anything.  Sampling parameters are arrays.
-- Attention spans: with `span_buckets` (and a forward that takes `attend_len`), each decode attends over
+- Attention spans: with `span_buckets` (and `StepModel.attention_spans`), each decode attends over
   the smallest span bucket above every row's position instead of all of max_context: one decode program
   per (batch bucket, span bucket).
 - The forward writes and reads the cache rows in place (`row_offset`: decode uses rows 0..b-1 of the full
   cache, prefill row `slot`), and prefill asks for the last prompt token's logits only (`logits_index`).
-- On CPU, when the forward belongs to a model with `unstack_layers`/`layer_cache` (`jaxchat.models`), the
-  runner holds per-layer weights (zero-copy views) and a per-layer cache cut at the span buckets, so the
-  forward unrolls the layer loop (XLA on CPU copies a layer's weights out of a stacked array on every step
-  otherwise) and a span reads whole chunk buffers (a prefix sliced out of one buffer is a copy).  On accelerators
-  the stacked params and cache are scanned (one compact program, no extra weight memory).
-- On CPU, decode buckets of more than one row compute the logits from a vocab-major copy of the lm
-  head (`LoadedModel.vocab_major_head`, kept next to the params under "head_vd"): XLA:CPU's GEMM runs
-  [V, d] . x^T ~1.5x faster than x . [d, V] at 16 rows, while one row is faster the other way. It costs
-  one more copy of the head in memory.
+- On CPU a `LoadedModel` describes the "unrolled" layout: per-layer weights (zero-copy views) and a
+  per-layer cache cut at the span buckets (`new_cache(batch, max_len, spans)`), so the forward unrolls the
+  layer loop (XLA on CPU copies a layer's weights out of a stacked array on every step otherwise) and a
+  span reads whole chunk buffers (a prefix sliced out of one buffer is a copy).  On accelerators it
+  describes the "stacked" layout, scanned (one compact program, no extra weight memory).
+- With a `StepModel.vocab_major_head` builder (a `LoadedModel` on CPU), decode buckets of more than one
+  row compute the logits from a vocab-major copy of the lm head (kept next to the params under
+  "head_vd"): XLA:CPU's GEMM runs [V, d] . x^T ~1.5x faster than x . [d, V] at 16 rows, while one row is
+  faster the other way. It costs one more copy of the head in memory.
 - Sharding: params keep the shardings they arrive with; the cache is sharded over kv heads on the mesh
   axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
 """
@@ -33,7 +37,6 @@ Contract:
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -43,12 +46,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxchat.bitmask import mask_words
 from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
+from jaxchat.models.base import StepModel
 
 
 class DecodeState(NamedTuple):
-    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or (CPU) per layer a tuple of chunks [max_batch, kv, hd, w]
-    cache_v: Any  # stacked like cache_k, or (CPU) per layer a tuple of chunks [max_batch, kv, w, hd]
+    cache_k: Any  # stacked [layers, max_batch, S, kv, hd], or (unrolled) per layer a tuple of chunks [max_batch, kv, hd, w]
+    cache_v: Any  # stacked like cache_k, or (unrolled) per layer a tuple of chunks [max_batch, kv, w, hd]
     counts: jax.Array  # i32[max_batch, V]
     prompt_mask: jax.Array  # bool[max_batch, V]
 
@@ -83,6 +88,12 @@ def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     return Mesh(devs, ("tp",))
 
 
+def mesh_platform(mesh: Mesh) -> str:
+    """The platform of the mesh's devices ("cpu", "gpu", "tpu"), or "mixed" when they differ."""
+    platforms = {d.platform for d in mesh.devices.flat}
+    return platforms.pop() if len(platforms) == 1 else "mixed"
+
+
 HEAD_VD = "head_vd"  # the runner's extra params entry: the lm head stored vocab-major, for batched decode
 
 
@@ -91,12 +102,6 @@ def split_vocab_major_head(params) -> tuple[Any, jax.Array | None]:
     if isinstance(params, dict) and HEAD_VD in params:
         return {k: v for k, v in params.items() if k != HEAD_VD}, params[HEAD_VD]
     return params, None
-
-
-def _vocab_major_copy(model, params, mesh: Mesh) -> jax.Array:
-    """`model.vocab_major_head(params)` placed with the source head's sharding, axes swapped."""
-    spec = tuple(getattr(model.lm_head_weight(params).sharding, "spec", ())) + (None, None)
-    return jax.device_put(model.vocab_major_head(params), NamedSharding(mesh, P(spec[1], spec[0])))
 
 
 def decode_step(params, state: DecodeState, tokens, positions, bitmask, sampling: SamplingArrays, *,
@@ -129,10 +134,9 @@ class StepRunner:
 
     def __init__(
         self,
-        forward: Callable,
-        params: Any,
-        cache_k: jax.Array,
-        cache_v: jax.Array,
+        model: StepModel,
+        max_batch: int,
+        max_context: int,
         vocab_size: int,
         valid_vocab: int,
         mesh: Mesh,
@@ -141,41 +145,37 @@ class StepRunner:
         span_buckets: Sequence[int] | None = None,
     ) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
-        self.mask_words = (vocab_size + 31) // 32
-        self.max_batch, self.max_context = cache_k.shape[1], cache_k.shape[2]
+        self.mask_words = mask_words(vocab_size)
+        self.max_batch, self.max_context = max_batch, max_context
         self.batch_buckets, self.length_buckets = tuple(batch_buckets), tuple(length_buckets)
         spans = tuple(sorted({min(int(x), self.max_context) for x in (span_buckets or ())} | {self.max_context}))
-        if len(spans) > 1 and "attend_len" not in inspect.signature(forward).parameters:
+        if not model.attention_spans:
             spans = (self.max_context,)  # a forward without attend_len always reads the whole cache
         self.span_buckets = spans
         self.mesh = mesh
+        self.layout = model.layout
         rep = NamedSharding(mesh, P())
-        n_dev, kv_heads = mesh.devices.size, cache_k.shape[3]
-        tp = kv_heads % n_dev == 0
-        model = getattr(forward, "__self__", None)
-        # On CPU, per-layer weight and cache buffers (an unrolled layer loop) avoid XLA copying each layer's
-        # weights and cache out of the stacked arrays on every step (about 2x faster decode).
-        self.unrolled = (hasattr(model, "unstack_layers") and hasattr(model, "layer_cache")
-                         and all(d.platform == "cpu" for d in mesh.devices.flat))
-        if self.unrolled:
-            del cache_k, cache_v
-            params = model.unstack_layers(params)
-            cache_k, cache_v = model.layer_cache(self.max_batch, self.max_context, spans=self.span_buckets)
-            cache_sh = NamedSharding(mesh, P(None, "tp", None, None)) if tp else rep
-            cache_sh = jax.tree.map(lambda _: cache_sh, cache_k)  # per layer, per position chunk
-        else:
-            cache_sh = NamedSharding(mesh, P(None, None, None, "tp", None)) if tp else rep
-        if self.unrolled and max(batch_buckets) > 1 and hasattr(model, "vocab_major_head"):
-            params = {**params, HEAD_VD: _vocab_major_copy(model, params, mesh)}
-        self._cache_axis = 0 if self.unrolled else 1  # the batch axis of the cache arrays
-        state_sh = DecodeState(cache_sh, cache_sh, rep, rep)
+        params = model.params
+        cache_k, cache_v = model.new_cache(self.max_batch, self.max_context, self.span_buckets)
+        # the batch and kv-head axes of every cache array: stacked [L, B, S, KV, D], unrolled chunks [B, KV, ., .]
+        self._cache_axis, kv_axis = (0, 1) if model.layout == "unrolled" else (1, 3)
+        n_dev = mesh.devices.size
+
+        def cache_sharding(x) -> NamedSharding:  # kv heads over "tp" when they divide over the devices
+            if x.shape[kv_axis] % n_dev:
+                return rep
+            return NamedSharding(mesh, P(*("tp" if axis == kv_axis else None for axis in range(x.ndim))))
+
+        if model.vocab_major_head is not None and max(batch_buckets) > 1:
+            params = {**params, HEAD_VD: model.vocab_major_head(params, mesh)}
+        state_sh = DecodeState(jax.tree.map(cache_sharding, cache_k), jax.tree.map(cache_sharding, cache_v), rep, rep)
         param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
         self.params = jax.device_put(params, param_sh)
         b, v = self.max_batch, vocab_size
         self.state = jax.device_put(
             DecodeState(cache_k, cache_v, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_)), state_sh
         )
-        self._forward = forward
+        self._forward = model.forward
         # One decode program per attention span (the whole cache is one span); each is traced per batch bucket.
         self._decodes = {
             span: jax.jit(

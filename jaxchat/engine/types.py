@@ -1,7 +1,8 @@
 """The engine's public types: what a caller submits and what it gets back.
 
-Contract: the server and `jaxchat.LLM` talk to the engine only through these types and the
-`Constraint` protocol; the engine never imports the server, and the server never imports jax.
+Contract: callers (the OpenAI layer `jaxchat.api`, benchmarks, tests) talk to the engine only through
+these types and the `Constraint` protocol: token ids, sampling parameters, stop conditions and a
+constraint object. The engine never imports `jaxchat.chat`, `jaxchat.api` or the server.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import numpy as np
 class Constraint(Protocol):
     """A per-request decoding constraint (built by `jaxchat.constrain`), driven by the engine's host loop.
 
-    Bitmask layout: int32 words, bit j of word i is token 32*i + j, 1 = allowed.
+    Bitmask layout (`jaxchat.bitmask`): int32 words, bit j of word i is token 32*i + j, 1 = allowed.
     """
 
     def fill_mask(self, row: np.ndarray) -> None:
-        """Write the allowed-token bitmask for the next token into `row` (int32[ceil(V/32)])."""
+        """Write the allowed-token bitmask for the next token into `row` (int32[`jaxchat.bitmask.mask_words(V)`])."""
 
     def accept(self, token: int) -> bool:
         """Advance by the sampled token; False when the grammar rejected it (the constraint then gives up)."""

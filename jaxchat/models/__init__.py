@@ -1,18 +1,13 @@
 """Model families (flax nnx) and weight loading: HF safetensors, GGUF (dequantised), orbax checkpoints.
 
-Contract: see `jaxchat.models.base` for the forward/cache/sharding interface the engine relies on.
+Contract: see `jaxchat.models.base` for the forward/cache/layout interface the engine relies on
+(`LoadedModel`, `StepModel`), `jaxchat.models.config` for `ModelConfig` and the supported `FAMILIES`,
+`jaxchat.models.load` for `load_model` / `save_orbax`. Importing this package does not import jax.
 """
 
-from jaxchat.models.base import (
-    FAMILIES,
-    LoadedModel,
-    ModelConfig,
-    ModelLoadError,
-    empty_cache,
-    layer_cache,
-    load_model,
-    save_orbax,
-    unstack_layers,
-)
+from jaxchat.models.base import LoadedModel, StepModel, empty_cache, layer_cache, unstack_layers
+from jaxchat.models.config import FAMILIES, ModelConfig, ModelLoadError
+from jaxchat.models.load import load_model, save_orbax
 
-__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "empty_cache", "layer_cache", "load_model", "save_orbax", "unstack_layers"]
+__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "StepModel", "empty_cache", "layer_cache",
+           "load_model", "save_orbax", "unstack_layers"]

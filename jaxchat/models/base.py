@@ -1,8 +1,7 @@
-"""The model interface the engine codes against: config, loaded model, cache, loading entry points.
+"""The model interface the engine codes against: the loaded model, its forward, its caches, and the
+description of how the engine's step runner runs it (`StepModel`).
 
 Contract:
-- `ModelConfig` is a frozen description of one decoder-only family ("llama", "qwen2", "qwen3",
-  "gemma3_text"), built from an HF `config.json` dict (`from_hf_config`) or GGUF metadata.
 - `LoadedModel.forward(params, tokens, positions, cache_k, cache_v) -> (logits, cache_k, cache_v)`
   is pure and jit-able (it closes over the graphdef and config only):
     tokens int32[B, T]; positions int32[B, T], the absolute position of each token, -1 = padding
@@ -21,105 +20,49 @@ Contract:
   batch is below it, so attention reads only the first attend_len cache positions (every write is below
   them); `head_vd` [vocab, hidden] (`vocab_major_head(params)`, a copy of the lm head
   stored vocab-major): the logits are computed from it instead (same values; faster for several rows
-  on CPU, see `layers.vocab_major_logits`).
-- Fast layout (what the engine uses on CPU): `unstack_layers(params)` splits the stacked layers into
-  a tuple of per-layer dicts (zero-copy on one CPU device) and `layer_cache(config, B, S)` gives
-  per-layer caches, per layer a tuple of position chunks (cut at the attention spans the caller will
-  use, `spans=`), keys [B, num_kv_heads, head_dim, w] (transposed) and values [B, num_kv_heads, w,
-  head_dim]; with `attend_len` only the chunks below it are written and read. With these the
-  forward is a Python loop over layers (no per-layer dynamic slice of weights or cache, which XLA on
-  CPU copies) and returns the caches as tuples. Stacked params with the stacked cache scan the layers
-  (compact program, preferred on accelerators).
-- `params` is a plain nested dict of jax arrays (the flax nnx state split once, as a pure dict);
-  layer parameters are stacked on a leading `num_layers` axis.
+  on CPU, see `layers.vocab_major_logits`); `layout` (static, see below).
+- Two layouts, named by `layout` and never guessed from the arrays: "stacked" (the default): layer
+  params stacked on a leading `num_layers` axis and the stacked cache above; the layers are scanned
+  (compact program, preferred on accelerators). "unrolled" (what the engine uses on CPU):
+  `unstack_layers(params)` splits the stacked layers into a tuple of per-layer dicts (zero-copy on one
+  CPU device) and `layer_cache(config, B, S, spans=)` gives per-layer caches, per layer a tuple of
+  position chunks (cut at the attention spans the caller will use), keys [B, num_kv_heads, head_dim, w]
+  (transposed) and values [B, num_kv_heads, w, head_dim]; with `attend_len` only the chunks below it
+  are written and read. The forward is then a Python loop over layers (no per-layer dynamic slice of
+  weights or cache, which XLA on CPU copies) and returns the caches as tuples of tuples.
+- `LoadedModel.step_model(params, platform) -> StepModel`: everything the step runner needs, stated
+  instead of probed: the layout for that platform ("unrolled" on "cpu", else "stacked"), the params
+  in that layout, the forward with the layout bound, the cache builder
+  `new_cache(batch, max_len, spans) -> (cache_k, cache_v)`, whether the forward takes `attend_len`,
+  and (unrolled only) the builder of the vocab-major head copy `vocab_major_head(params, mesh)`.
+- `params` is a plain nested dict of jax arrays (the flax nnx state split once, as a pure dict).
 - `partition_specs(mesh)` gives a matching pytree of `PartitionSpec`s: tensor parallel over
   attention heads, MLP hidden units and the vocabulary along the mesh axis 'tp' (an axis whose size
   does not divide by the 'tp' size is replicated). `cache_partition_spec(mesh)` does the same for
-  the KV cache (kv heads over 'tp').
-- `load_model(path, dtype, mesh)` auto-detects an HF safetensors directory, a `.gguf` file or an
-  orbax checkpoint directory (written by `save_orbax`).
+  the stacked KV cache (kv heads over 'tp').
+- `ModelConfig` and `ModelLoadError` live in `config`; `load_model` / `save_orbax` in `load`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
+from jaxchat.models.config import ModelConfig
 
-
-class ModelLoadError(ValueError):
-    """A checkpoint cannot be loaded: the message names the offending tensor, field or file."""
+Layout = Literal["stacked", "unrolled"]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    family: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # {"rope_type": "llama3"|"linear", "factor": ..., ...} (global layers)
-    max_position_embeddings: int = 4096
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v projection biases (qwen2)
-    qk_norm: bool = False  # per-head RMSNorm of q and k (qwen3, gemma3)
-    hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
-    # gemma3
-    sliding_window: int | None = None
-    layer_types: tuple[str, ...] | None = None  # per layer: "sliding_attention" | "full_attention"
-    rope_local_base_freq: float | None = None  # rope theta of sliding layers
-    query_pre_attn_scalar: float | None = None  # attention scale = query_pre_attn_scalar ** -0.5
-    final_logit_softcapping: float | None = None
-    attn_logit_softcapping: float | None = None
-    # tokens
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = field(default=())
+class StepModel(NamedTuple):
+    """How the step runner runs a model: built by the model (`LoadedModel.step_model`), never probed."""
 
-    def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ModelLoadError(f"family: unsupported model family {self.family!r} (supported: {FAMILIES})")
-        if self.num_heads % self.num_kv_heads:
-            raise ModelLoadError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
-        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
-            raise ModelLoadError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
-
-    def __hash__(self) -> int:  # rope_scaling is a dict: hash its items so the config can be a static jit arg
-        items = tuple(sorted(self.rope_scaling.items())) if self.rope_scaling else None
-        return hash(tuple(items if f == "rope_scaling" else getattr(self, f) for f in self.__dataclass_fields__))
-
-    @property
-    def attn_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
-
-    @property
-    def is_sliding(self) -> tuple[bool, ...]:
-        """Per layer: True for a sliding-window layer."""
-        if self.sliding_window is None or self.layer_types is None:
-            return (self.sliding_window is not None,) * self.num_layers
-        return tuple(t == "sliding_attention" for t in self.layer_types)
-
-    def to_hf_config(self) -> dict:
-        """A `config.json`-style dict that `from_hf_config` reads back to an equal config."""
-        from jaxchat.models.config import to_hf_config
-
-        return to_hf_config(self)
-
-    @classmethod
-    def from_hf_config(cls, hf: dict) -> ModelConfig:
-        from jaxchat.models.config import from_hf_config
-
-        return from_hf_config(hf)
-
-    def replace(self, **kw: Any) -> ModelConfig:
-        return replace(self, **kw)
+    layout: Layout  # "stacked": one cache [L, B, S, KV, D]; "unrolled": per layer a tuple of position chunks
+    params: Any  # the params in that layout
+    forward: Callable  # the pure forward over params of that layout (`LoadedModel.forward`'s contract)
+    new_cache: Callable[[int, int, Sequence[int]], tuple[Any, Any]]  # (batch, max_len, spans) -> zeroed caches
+    attention_spans: bool  # the forward takes `attend_len` (reads only a prefix of the cache)
+    vocab_major_head: Callable[[Any, Any], Any] | None  # (params, mesh) -> the head_vd copy; None: not used
 
 
 class LoadedModel:
@@ -140,12 +83,12 @@ class LoadedModel:
         self.source = source
 
     def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None,
-                attend_len=None, head_vd=None):
-        """Pure forward over the cache; see the module docstring for the contract."""
+                attend_len=None, head_vd=None, layout: Layout = "stacked"):
+        """Pure forward over the cache, params and cache in `layout`; see the module docstring."""
         from flax import nnx
 
-        layers = params["layers"]
-        if isinstance(layers, (tuple, list)):  # unstacked (see `unstack_layers`): a Python loop over layers
+        if layout == "unrolled":  # per-layer params (`unstack_layers`): a Python loop over the layers
+            layers = params["layers"]
             module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
             return module(tokens, positions, cache_k, cache_v, row_offset, logits_index,
                           layer_states=tuple(layers), attend_len=attend_len, head_vd=head_vd)
@@ -153,20 +96,46 @@ class LoadedModel:
         return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len,
                       head_vd=head_vd)
 
+    def step_model(self, params, platform: str) -> StepModel:
+        """How the engine's step runner runs this model, with `params` (placed), on devices of `platform`.
+
+        On "cpu" the layout is "unrolled": per-layer weight and cache buffers avoid XLA:CPU copying each
+        layer's weights and cache out of the stacked arrays on every step, and a vocab-major head copy
+        speeds up batched logits (`docs/benchmarks.md` has the numbers). Elsewhere the stacked layers are scanned. The
+        forward is `self.forward` with the layout bound (so a wrapper installed on `model.forward` sees
+        every step)."""
+        if platform == "cpu":
+            return StepModel(layout="unrolled", params=unstack_layers(params),
+                             forward=functools.partial(self.forward, layout="unrolled"),
+                             new_cache=self.layer_cache, attention_spans=True,
+                             vocab_major_head=self.vocab_major_head)
+
+        def stacked_cache(batch: int, max_len: int, spans: Sequence[int] = ()):
+            return self.empty_cache(batch, max_len)  # one buffer over all positions: spans do not cut it
+
+        return StepModel(layout="stacked", params=params, forward=functools.partial(self.forward, layout="stacked"),
+                         new_cache=stacked_cache, attention_spans=True, vocab_major_head=None)
+
     def lm_head_weight(self, params):
         """The lm head's [hidden, vocab] param: the tied embedding table or `lm_head`."""
         return params["embed"] if self.config.tie_word_embeddings else params["lm_head"]
 
-    def vocab_major_head(self, params):
-        """The lm head as a new [vocab, hidden] array (`lm_head_weight`, transposed)."""
+    def vocab_major_head(self, params, mesh=None):
+        """The lm head as a new [vocab, hidden] array (`lm_head_weight`, transposed); given a mesh, placed
+        with the head's sharding, axes swapped."""
+        import jax
         import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
-        return jnp.transpose(self.lm_head_weight(params)).copy()
+        head = self.lm_head_weight(params)
+        head_vd = jnp.transpose(head).copy()
+        if mesh is None:
+            return head_vd
+        spec = tuple(getattr(head.sharding, "spec", ())) + (None, None)
+        return jax.device_put(head_vd, NamedSharding(mesh, P(spec[1], spec[0])))
 
-    def unstack_layers(self, params) -> dict:
-        return unstack_layers(params)
-
-    def layer_cache(self, batch: int, max_len: int, spans=()):
+    def layer_cache(self, batch: int, max_len: int, spans: Sequence[int] = ()):
         return layer_cache(self.config, batch, max_len, self.dtype, spans)
 
     def partition_specs(self, mesh) -> dict:
@@ -180,6 +149,7 @@ class LoadedModel:
         return cache_partition_spec(self.config, mesh)
 
     def empty_cache(self, batch: int, max_len: int):
+        """The stacked cache (see `empty_cache`)."""
         return empty_cache(self.config, batch, max_len, self.dtype)
 
     def __repr__(self) -> str:
@@ -236,39 +206,3 @@ def unstack_layers(params: dict) -> dict:
     per_leaf = [split(x) for x in leaves]
     layers = tuple(jax.tree.unflatten(tree, [p[i] for p in per_leaf]) for i in range(n))
     return {**params, "layers": layers}
-
-
-def load_model(path: str | Path, dtype: str = "float32", mesh=None) -> LoadedModel:
-    """Load an HF safetensors directory, a `.gguf` file or an orbax checkpoint directory."""
-    path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        from jaxchat.models.gguf_loader import load_gguf
-
-        return load_gguf(path, dtype=dtype, mesh=mesh)
-    if path.is_dir() and (path / "jaxchat_orbax.json").exists():
-        from jaxchat.models.orbax_io import load_orbax
-
-        return load_orbax(path, dtype=dtype, mesh=mesh)
-    if path.is_dir() and (path / "config.json").exists():
-        from jaxchat.models.hf_loader import load_hf
-
-        return load_hf(path, dtype=dtype, mesh=mesh)
-    if not path.exists():
-        raise ModelLoadError(f"model path {str(path)!r} does not exist")
-    raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file, an HF directory with config.json, "
-                         "or a jaxchat orbax checkpoint")
-
-
-def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
-    """Write params + config.json + tokenizer files to `dst`, loadable on its own by `load_model`."""
-    from jaxchat.models.orbax_io import save_orbax as _save
-
-    return _save(model, dst)
-
-
-def gelu_tanh_name(act: str) -> bool:
-    return act in ("gelu_pytorch_tanh", "gelu_tanh", "gelu")
-
-
-def embed_scale(config: ModelConfig) -> float:
-    return math.sqrt(config.hidden_size) if config.family == "gemma3_text" else 1.0

@@ -1,15 +1,95 @@
-"""`ModelConfig` from and to HF `config.json` dicts (transformers 4.x and 5.x layouts).
+"""The model configuration: the supported families, `ModelConfig`, `ModelLoadError`, and HF `config.json`
+dicts (transformers 4.x and 5.x layouts). A leaf module: it imports nothing from `jaxchat`.
 
-Contract: `from_hf_config(d)` reads `model_type` ("llama", "qwen2", "qwen3", "gemma3_text", or
-"gemma3" with a `text_config`), the rope fields in either the 4.x form (`rope_theta`,
-`rope_scaling`, `rope_local_base_freq`) or the 5.x form (`rope_parameters`, per layer type for
-gemma3). A missing required field or an unsupported rope type raises `ModelLoadError` naming it.
-`to_hf_config(cfg)` writes a 4.x-style dict that `from_hf_config` reads back to an equal config.
+Contract:
+- `FAMILIES` is the one list of supported families (HF `model_type`s); the family "x" is implemented
+  by the module `jaxchat.models.x` (see `families.family_module`).
+- `ModelConfig` is a frozen, hashable description of one decoder-only family (hashable so that it can
+  be a static jit argument); an unsupported family or heads that do not group raise `ModelLoadError`,
+  the error of a checkpoint that cannot be loaded (its message names the offending tensor, field or file).
+- `from_hf_config(d)` reads `model_type` (one of `FAMILIES`, or "gemma3" with a `text_config`), the
+  rope fields in either the 4.x form (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) or the
+  5.x form (`rope_parameters`, per layer type for gemma3). A missing required field or an unsupported
+  rope type raises `ModelLoadError` naming it. `to_hf_config(cfg)` writes a 4.x-style dict that
+  `from_hf_config` reads back to an equal config. `ModelConfig.from_hf_config` / `.to_hf_config()`
+  are the same functions.
 """
 
 from __future__ import annotations
 
-from jaxchat.models.base import ModelConfig, ModelLoadError
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")  # HF model_type; the family "x" lives in jaxchat.models.x
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint cannot be loaded: the message names the offending tensor, field or file."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str  # one of FAMILIES
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "llama3"|"linear", "factor": ..., ...} (global layers)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projection biases (qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of q and k (qwen3, gemma3)
+    hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU)
+    # gemma3
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None  # per layer: "sliding_attention" | "full_attention"
+    rope_local_base_freq: float | None = None  # rope theta of sliding layers
+    query_pre_attn_scalar: float | None = None  # attention scale = query_pre_attn_scalar ** -0.5
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+    # tokens
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ModelLoadError(f"family: unsupported model family {self.family!r} (supported: {FAMILIES})")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ModelLoadError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
+
+    def __hash__(self) -> int:  # rope_scaling is a dict: hash its items so the config can be a static jit arg
+        items = tuple(sorted(self.rope_scaling.items())) if self.rope_scaling else None
+        return hash(tuple(items if f == "rope_scaling" else getattr(self, f) for f in self.__dataclass_fields__))
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def is_sliding(self) -> tuple[bool, ...]:
+        """Per layer: True for a sliding-window layer."""
+        if self.sliding_window is None or self.layer_types is None:
+            return (self.sliding_window is not None,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    def to_hf_config(self) -> dict:
+        """A `config.json`-style dict that `from_hf_config` reads back to an equal config."""
+        return to_hf_config(self)
+
+    @classmethod
+    def from_hf_config(cls, hf: dict) -> ModelConfig:
+        return from_hf_config(hf)
+
+    def replace(self, **kw: Any) -> ModelConfig:
+        return replace(self, **kw)
+
 
 SUPPORTED_ROPE = ("default", "llama3", "linear")
 
@@ -46,7 +126,7 @@ def from_hf_config(d: dict) -> ModelConfig:
     if mt == "gemma3" and "text_config" in d:
         d = {**d["text_config"], "model_type": "gemma3_text"}
         mt = "gemma3_text"
-    if mt not in ("llama", "qwen2", "qwen3", "gemma3_text"):
+    if mt not in FAMILIES:
         raise ModelLoadError(f"config.json: model_type {mt!r} is not supported")
     hidden = int(_req(d, "hidden_size"))
     heads = int(_req(d, "num_attention_heads"))

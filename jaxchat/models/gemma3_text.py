@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from flax import nnx
 
-from jaxchat.models.base import ModelConfig
-from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm
+from jaxchat.models.config import ModelConfig
+from jaxchat.models.entries import Entry
+from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm
 from jaxchat.models.llama import attention_entries, global_entries, mlp_entries
-from jaxchat.models.weights import Entry
 
 NORMS = {  # HF name -> param name
     "input_layernorm": "input_norm",
@@ -35,8 +35,8 @@ class GemmaBlock(nnx.Module):
         self.mlp = MLP(cfg, dtype)
         self.post_ffw_norm = RMSNorm(d, eps, dtype, gemma=True)
 
-    def __call__(self, x, rope, positions, cache, mask, at):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, at)
+    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
         x = x + self.post_attn_norm(h)
         x = x + self.post_ffw_norm(self.mlp(self.pre_ffw_norm(x)))
         return x, cache

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxchat.models.base import LoadedModel, ModelConfig, ModelLoadError
+from jaxchat.models.base import LoadedModel
+from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.weights import Tensor, assemble
 
 ARCH_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jaxchat.models.base import LoadedModel, ModelConfig, ModelLoadError
+from jaxchat.models.base import LoadedModel
+from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.weights import Tensor, assemble
 
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry

@@ -16,20 +16,31 @@ Contract:
   attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32; with
   `attend_len=S'` (static, larger than every position in the batch) only the first S' cache positions
   are read (`attention_span`: whole chunks of a per-layer chunked cache, which are the only ones written).
+  Where a block reads and writes the cache is a `CacheSlot` (stacked-cache layer, row offset, per-layer
+  cache or not).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxchat.models.base import ModelConfig
+from jaxchat.models.config import ModelConfig
 
 NEG = -1e30
+
+
+class CacheSlot(NamedTuple):
+    """Where one layer's attention reads and writes the cache (see `kv_io`)."""
+
+    layer: Any  # index into a stacked cache [L, Bc, S, KV, D] (int or traced int32); None with per_layer
+    row_offset: Any  # the B token rows are cache rows row_offset .. row_offset + B - 1 (int or traced int32)
+    per_layer: bool  # the cache is this layer's own (`base.layer_cache`): tuples of position chunks
 
 
 def param(shape, axes, dtype, init=0.0) -> nnx.Param:
@@ -92,10 +103,10 @@ def apply_rope(x, cos, sin):
     return out.astype(x.dtype)
 
 
-def attention_span(cache_v, attend_len=None) -> int:
+def attention_span(cache_v, attend_len=None, per_layer: bool = False) -> int:
     """Cache positions attention reads: all of them, or with `attend_len` (every position in the batch is
-    below it) the first attend_len, rounded up to whole chunks for a per-layer chunked cache."""
-    if not isinstance(cache_v, (tuple, list)):  # stacked [L, B, S, KV, D]
+    below it) the first attend_len, rounded up to whole chunks for a per-layer chunked cache (`per_layer`)."""
+    if not per_layer:  # stacked [L, B, S, KV, D]
         return cache_v.shape[2] if attend_len is None else min(cache_v.shape[2], int(attend_len))
     span = 0
     for w in (c.shape[2] for c in cache_v[0]):  # layer 0's chunks
@@ -134,7 +145,7 @@ class Attention(nnx.Module):
         self.softcap = cfg.attn_logit_softcapping
         self.groups = h // kv
 
-    def __call__(self, x, rope, positions, cache, mask, at):
+    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
         qkv = jnp.einsum("btd,dkgh->btkgh", x, self.qkv[...])
         if self.has_bias:
             qkv = qkv + self.qkv_bias[...]
@@ -146,7 +157,7 @@ class Attention(nnx.Module):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
-        cache, keys, values = kv_io(cache, k, v, positions, at, span)
+        cache, keys, values = kv_io(cache, k, v, positions, slot, span)
         b, t = positions.shape
         kvh, hd = k.shape[2], q.shape[-1]
         # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims, one per
@@ -171,28 +182,27 @@ class Attention(nnx.Module):
         return out, cache
 
 
-def kv_io(cache, k, v, positions, at, span):
+def kv_io(cache, k, v, positions, slot: CacheSlot, span):
     """Write the new k/v [B, T, KV, D] into the cache and return (cache, keys, values) of the B rows over
     the first `span` positions: keys a list of [B, KV, D, w] and values of [B, KV, w, D] arrays, one per
     position chunk (their widths add up to span).
 
-    `at = (layer, row_offset, per_layer)`: `layer` indexes a stacked cache [L, Bc, S, KV, D]; with
-    `per_layer` the cache is one layer's (`base.layer_cache`): tuples of chunks, keys [Bc, KV, D, w] and
-    values [Bc, KV, w, D], of which only those starting below span are written and returned (every
-    position is below span). The B token rows are the cache rows row_offset .. row_offset + B - 1.
-    Padding positions (< 0) write nothing.
+    `slot.layer` indexes a stacked cache [L, Bc, S, KV, D]; with `slot.per_layer` the cache is one layer's
+    (`base.layer_cache`): tuples of chunks, keys [Bc, KV, D, w] and values [Bc, KV, w, D], of which only
+    those starting below span are written and returned (every position is below span). The B token rows
+    are the cache rows slot.row_offset .. slot.row_offset + B - 1. Padding positions (< 0) write nothing.
     """
-    layer, row_offset, per_layer = at
+    row_offset = slot.row_offset
     ck, cv = cache
     b, t = positions.shape
     rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None] + row_offset, (b, t))
-    dtype = (cv[0] if per_layer else cv).dtype
+    dtype = (cv[0] if slot.per_layer else cv).dtype
     k, v = k.astype(dtype), v.astype(dtype)
 
     def own_rows(x):
         return x if x.shape[0] == b else jax.lax.dynamic_slice_in_dim(x, row_offset, b, axis=0)
 
-    if per_layer:
+    if slot.per_layer:
         ck, cv, keys, values, start = list(ck), list(cv), [], [], 0
         for i, w in enumerate(c.shape[2] for c in cv):
             if start >= span:
@@ -207,9 +217,9 @@ def kv_io(cache, k, v, positions, at, span):
         return (tuple(ck), tuple(cv)), keys, values
     s = ck.shape[2]
     cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
-    ck = ck.at[layer, rows, cols].set(k, mode="drop")
-    cv = cv.at[layer, rows, cols].set(v, mode="drop")
-    keys, values = own_rows(ck[layer]), own_rows(cv[layer])  # [B, S, KV, D]
+    ck = ck.at[slot.layer, rows, cols].set(k, mode="drop")
+    cv = cv.at[slot.layer, rows, cols].set(v, mode="drop")
+    keys, values = own_rows(ck[slot.layer]), own_rows(cv[slot.layer])  # [B, S, KV, D]
     keys, values = keys.transpose(0, 2, 3, 1)[..., :span], values.transpose(0, 2, 1, 3)[:, :, :span]
     return (ck, cv), [keys], [values]
 
@@ -254,27 +264,20 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
     """Run the blocks. ropes/masks: (global, local) pairs; sliding: bool per layer.
 
     With stacked params (`layer_states` None) the blocks are scanned over the stacked cache; with
-    `layer_states` (a tuple of per-layer param dicts) the loop is unrolled in Python, so every layer's
-    weights are their own buffers (no per-layer dynamic slice, which copies the weights on CPU). The
-    cache is then either stacked or per layer a tuple of position chunks (`base.layer_cache`).
+    `layer_states` (a tuple of per-layer param dicts) the loop is unrolled in Python over the per-layer
+    cache (`base.layer_cache`: per layer a tuple of position chunks), so every layer's weights and cache
+    are their own buffers (no per-layer dynamic slice, which copies them on CPU).
     """
     graphdef, state = nnx.split(layers)
     n = len(sliding)
     if layer_states is not None:
-        per_layer = isinstance(cache_k, (tuple, list))
-        cks, cvs = (list(cache_k), list(cache_v)) if per_layer else (None, None)
+        cks, cvs = list(cache_k), list(cache_v)
+        slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True)
         for i, st in enumerate(layer_states):
             block = nnx.merge(graphdef, st)
             j = 1 if sliding[i] else 0
-            if per_layer:
-                x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], (None, row_offset, True))
-            else:
-                x, (cache_k, cache_v) = block(x, ropes[j], positions, (cache_k, cache_v), masks[j], (i, row_offset, False))
-        if per_layer:
-            return x, tuple(cks), tuple(cvs)
-        return x, cache_k, cache_v
-    if isinstance(cache_k, (tuple, list)):
-        raise ValueError("a per-layer (tuple) cache needs per-layer params (unstack_layers)")
+            x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], slot)
+        return x, tuple(cks), tuple(cvs)
 
     def body(carry, xs):
         h, ck, cv = carry
@@ -282,7 +285,8 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
         block = nnx.merge(graphdef, st)
         rope = tuple(jnp.where(is_local, a, b) for a, b in zip(ropes[1], ropes[0], strict=True))
         mask = jnp.where(is_local, masks[1], masks[0])
-        h, (ck, cv) = block(h, rope, positions, (ck, cv), mask, (idx, row_offset, False))
+        slot = CacheSlot(layer=idx, row_offset=row_offset, per_layer=False)
+        h, (ck, cv) = block(h, rope, positions, (ck, cv), mask, slot)
         return (h, ck, cv), None
 
     xs = (state, jnp.arange(n, dtype=jnp.int32), jnp.asarray(sliding, dtype=bool))
@@ -291,7 +295,8 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
 
 
 class CausalLM(nnx.Module):
-    """Embedding, the stack of `block_cls` (scanned or unrolled), final norm and (tied or own) lm head."""
+    """Embedding, the stack of `block_cls`, final norm and (tied or own) lm head. The stack is scanned over
+    the stacked params and cache, or, given `layer_states`, unrolled over per-layer params and caches."""
 
     block_cls: type = None  # set by the family module
     gemma = False
@@ -313,7 +318,7 @@ class CausalLM(nnx.Module):
         x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        s = attention_span(cache_v, attend_len)
+        s = attention_span(cache_v, attend_len, per_layer=layer_states is not None)
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob

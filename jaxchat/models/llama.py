@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from flax import nnx
 
-from jaxchat.models.base import ModelConfig
-from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm
-from jaxchat.models.weights import Entry
+from jaxchat.models.config import ModelConfig
+from jaxchat.models.entries import Entry
+from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm
 
 
 class LlamaBlock(nnx.Module):
@@ -21,8 +21,8 @@ class LlamaBlock(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = MLP(cfg, dtype)
 
-    def __call__(self, x, rope, positions, cache, mask, at):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, at)
+    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x))
         return x, cache

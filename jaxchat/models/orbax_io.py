@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jaxchat.models.base import LoadedModel, ModelConfig, ModelLoadError
+from jaxchat.models.base import LoadedModel
+from jaxchat.models.config import ModelConfig, ModelLoadError
 
 MARKER = "jaxchat_orbax.json"
 
@@ -51,8 +52,8 @@ def load_orbax(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
     import orbax.checkpoint as ocp
     from flax import nnx
 
+    from jaxchat.models.families import abstract_model
     from jaxchat.models.hf_loader import load_tokenizer
-    from jaxchat.models.weights import abstract_model
 
     path = Path(path).absolute()
     meta = json.loads((path / MARKER).read_text())

@@ -12,7 +12,8 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
-from jaxchat.models.base import ModelConfig
+from jaxchat.models.config import ModelConfig
+from jaxchat.models.families import abstract_model
 
 TP_AXES = ("heads", "kv_heads", "mlp", "vocab")
 
@@ -35,8 +36,6 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh) -> P:
 
 def param_axes(cfg: ModelConfig, dtype="float32") -> dict:
     """Pure dict (same structure as params) of logical-axis tuples, incl. the leading 'layers' axis."""
-    from jaxchat.models.weights import abstract_model
-
     _, abstract = abstract_model(cfg, dtype)
     out: dict = {}
     for path, var in jax.tree_util.tree_flatten_with_path(abstract, is_leaf=_is_variable)[0]:

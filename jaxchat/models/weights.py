@@ -1,7 +1,8 @@
 """Strict weight assembly: HF tensor-name tables -> the nnx param tree, with a progress bar.
 
 Contract: a checkpoint is a mapping of HF tensor names to `Tensor(shape, load)` (shape known
-before any data is read). `assemble` checks the whole mapping against the family's table first:
+before any data is read). `assemble` checks the whole mapping against the family's table first
+(`families.table`, rows as in `entries`):
 a tensor the table does not know (unmapped), a table entry the checkpoint lacks (missing) or a
 shape that differs from the table's HF shape each raise `ModelLoadError` naming the tensor. It then
 converts every tensor (HF [out, in] layout -> the params' explicit-heads layout), casts to the
@@ -10,78 +11,21 @@ target dtype, stacks layers on axis 0 and places the result (with `NamedSharding
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from jaxchat.models.base import ModelConfig, ModelLoadError
-
-FAMILY_MODULES = {
-    "llama": "jaxchat.models.llama",
-    "qwen2": "jaxchat.models.qwen2",
-    "qwen3": "jaxchat.models.qwen3",
-    "gemma3_text": "jaxchat.models.gemma3_text",
-}
-
-
-@dataclass(frozen=True)
-class Entry:
-    hf: str  # HF tensor name
-    path: tuple[str, ...]  # path in the param tree
-    layer: int | None  # index on the stacked layer axis, None for a global tensor
-    hf_shape: tuple[int, ...]
-    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
-    part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
+from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models.entries import convert
+from jaxchat.models.families import abstract_model, table
 
 
 @dataclass(frozen=True)
 class Tensor:
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray]
-
-
-def family_module(family: str):
-    if family not in FAMILY_MODULES:
-        raise ModelLoadError(f"family: unsupported model family {family!r}")
-    return importlib.import_module(FAMILY_MODULES[family])
-
-
-def table(cfg: ModelConfig) -> dict[str, Entry]:
-    return {e.hf: e for e in family_module(cfg.family).hf_entries(cfg)}
-
-
-def abstract_model(cfg: ModelConfig, dtype):
-    """(graphdef, abstract nnx State with `axes` metadata) without allocating parameters."""
-    from flax import nnx
-
-    model_cls = family_module(cfg.family).Model
-    module = nnx.eval_shape(lambda: model_cls(cfg, dtype))
-    return nnx.split(module)
-
-
-def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarray:
-    if e.convert == "id":
-        out = x
-    elif e.convert == "t":
-        out = x.T
-    elif e.convert == "in_heads":  # [N*hd, D] -> [D, N, hd] (N may be split in groups: [D, ..., hd])
-        hd = target_shape[-1]
-        out = x.reshape(-1, hd, x.shape[1]).transpose(2, 0, 1)
-    elif e.convert == "out_heads":  # [D, H*hd] -> [H, hd, D]
-        h, hd = target_shape[0], target_shape[1]
-        out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
-    elif e.convert == "bias_heads":
-        out = x.reshape(target_shape)
-    else:  # pragma: no cover - tables are static
-        raise AssertionError(e.convert)
-    if e.part is not None and out.size == int(np.prod(target_shape)):
-        out = out.reshape(target_shape)  # a slice of a fused param: the same layout with unit/grouped axes
-    if tuple(out.shape) != tuple(target_shape):
-        raise ModelLoadError(f"tensor {e.hf!r}: converted shape {out.shape} != param shape {target_shape}")
-    return out
 
 
 def check(cfg: ModelConfig, tensors: dict[str, Tensor], ignore: tuple[str, ...] = (), where: str = "") -> dict:

@@ -2,7 +2,8 @@
 
 The fake forward is a one-head attention over the real cache (k/v written at each token's position,
 causal over positions <= its own), so outputs depend on each row's own history only: enough to test
-batch isolation, slot moves and sharding without the cost of a real model's compile.
+batch isolation, slot moves and sharding without the cost of a real model's compile. It describes
+itself to the step runner as a `StepModel` of the "stacked" layout without attention spans.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
+
+from jaxchat.models import StepModel
 
 SPECIALS = ["<|im_end|>", "<tool_call>", "</tool_call>"]
 
@@ -102,6 +105,12 @@ class FakeModel:
 
     def partition_specs(self, mesh):
         return {"embed": P(), "wq": P(None, "tp"), "wk": P(), "wv": P(), "head": P(None, "tp")}
+
+    def step_model(self, params, platform: str) -> StepModel:
+        """The same description on every platform: stacked cache, whole-cache attention, no vocab-major head."""
+        return StepModel(layout="stacked", params=params, forward=self.forward,
+                         new_cache=lambda batch, max_len, spans: self.empty_cache(batch, max_len),
+                         attention_spans=False, vocab_major_head=None)
 
     def empty_cache(self, batch: int, max_len: int):
         c = self.config

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")
+from jaxchat.models import FAMILIES  # every supported family has a tiny checkpoint below
+
 COMMON = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256}
 

@@ -111,19 +111,22 @@ def test_vocab_major_head_matches_transformers(family, tiny_dirs, loaded):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_layer_cache_with_spans_matches_transformers(family, tiny_dirs, loaded):
-    """The CPU runner's layout: per-layer params and a per-layer cache cut at the attention spans. Two rows
+    """The CPU step model (`step_model(params, "cpu")`, the "unrolled" layout): per-layer params and a
+    per-layer cache cut at the attention spans. Two rows
     prefilled at different lengths, then decoded one token at a time across the cuts, each step attending
     over the smallest span above every position, give transformers' logits (gemma3's sliding window of 8
     falls inside and across the chunks)."""
-    from jaxchat.models import layer_cache, unstack_layers
-
     _, ref_model = tiny_dirs[family]
     lm = loaded[family]
+    step = lm.step_model(lm.params, "cpu")
+    assert step.layout == "unrolled" and step.attention_spans and step.vocab_major_head is not None
     spans = (8, 16, 24, 40)
-    ck, cv = layer_cache(lm.config, 2, 40, jnp.float32, spans=spans)
+    ck, cv = step.new_cache(2, 40, spans)
     assert [c.shape[2] for c in cv[0]] == [8, 8, 8, 16]
     assert [c.shape[3] for c in ck[0]] == [8, 8, 8, 16]
-    params = {**lm.params, "layers": unstack_layers(lm.params)["layers"]}
+    assert ck[0][0].dtype == jnp.float32
+    params = step.params
+    assert isinstance(params["layers"], tuple) and len(params["layers"]) == lm.config.num_layers
     rng = np.random.default_rng(4)
     seqs = [rng.integers(0, 256, 30), rng.integers(0, 256, 26)]
     lens = [6, 11]  # prompt lengths
@@ -131,7 +134,7 @@ def test_chunked_layer_cache_with_spans_matches_transformers(family, tiny_dirs, 
     pos = -np.ones((2, 16), np.int32)
     for r, n in enumerate(lens):
         toks[r, :n], pos[r, :n] = seqs[r][:n], np.arange(n)
-    fwd = jax.jit(lm.forward, static_argnames="attend_len")
+    fwd = jax.jit(step.forward, static_argnames="attend_len")
     logits, ck, cv = fwd(params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
     got = [[np.asarray(logits)[r, n - 1]] for r, n in enumerate(lens)]
     steps = min(len(s) - n for s, n in zip(seqs, lens, strict=True))
@@ -145,3 +148,22 @@ def test_chunked_layer_cache_with_spans_matches_transformers(family, tiny_dirs, 
     for r, n in enumerate(lens):
         ref = reference_logits(ref_model, seqs[r][None, :n + steps])[0, n - 1:]
         assert np.abs(np.stack(got[r]) - ref).max() <= TOL
+
+
+def test_step_models_of_both_layouts_agree(loaded):
+    """What the model tells the step runner, per platform: "unrolled" on CPU (per-layer params and chunked
+    cache, a vocab-major head builder), "stacked" elsewhere (the params as given, one cache buffer that
+    spans do not cut, no head builder); both forwards give the same logits and attend over spans."""
+    lm = loaded["gemma3_text"]
+    c = lm.config
+    stacked, unrolled = lm.step_model(lm.params, "tpu"), lm.step_model(lm.params, "cpu")
+    assert (stacked.layout, unrolled.layout) == ("stacked", "unrolled")
+    assert stacked.params is lm.params and stacked.vocab_major_head is None
+    assert stacked.attention_spans and unrolled.attention_spans
+    ck, cv = stacked.new_cache(2, 24, (8, 16))
+    assert ck.shape == cv.shape == (c.num_layers, 2, 24, c.num_kv_heads, c.head_dim)
+    ids = jnp.asarray(np.random.default_rng(5).integers(0, 256, (2, 12)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12))
+    want, _, _ = stacked.forward(stacked.params, ids, pos, ck, cv, attend_len=16)
+    got, _, _ = unrolled.forward(unrolled.params, ids, pos, *unrolled.new_cache(2, 24, (8, 16)), attend_len=16)
+    assert np.abs(np.asarray(got) - np.asarray(want)).max() <= TOL

@@ -1,0 +1,48 @@
+"""One row of a family's HF tensor-name table (`Entry`) and the layout conversion each row names.
+
+Contract: a family module's `hf_entries(cfg)` lists one `Entry` per HF tensor: its name, the path of
+the param it fills, the index on the stacked layer axis, its HF shape and how it converts. `convert`
+turns an HF array ([out, in] layout) into the param's explicit-heads layout, raising
+`ModelLoadError` naming the tensor when the result does not have the param's shape. A leaf module
+besides `config` (the family modules and the loaders import it; it imports neither).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jaxchat.models.config import ModelLoadError
+
+
+@dataclass(frozen=True)
+class Entry:
+    hf: str  # HF tensor name
+    path: tuple[str, ...]  # path in the param tree
+    layer: int | None  # index on the stacked layer axis, None for a global tensor
+    hf_shape: tuple[int, ...]
+    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
+    part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
+
+
+def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarray:
+    if e.convert == "id":
+        out = x
+    elif e.convert == "t":
+        out = x.T
+    elif e.convert == "in_heads":  # [N*hd, D] -> [D, N, hd] (N may be split in groups: [D, ..., hd])
+        hd = target_shape[-1]
+        out = x.reshape(-1, hd, x.shape[1]).transpose(2, 0, 1)
+    elif e.convert == "out_heads":  # [D, H*hd] -> [H, hd, D]
+        h, hd = target_shape[0], target_shape[1]
+        out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
+    elif e.convert == "bias_heads":
+        out = x.reshape(target_shape)
+    else:  # pragma: no cover - tables are static
+        raise AssertionError(e.convert)
+    if e.part is not None and out.size == int(np.prod(target_shape)):
+        out = out.reshape(target_shape)  # a slice of a fused param: the same layout with unit/grouped axes
+    if tuple(out.shape) != tuple(target_shape):
+        raise ModelLoadError(f"tensor {e.hf!r}: converted shape {out.shape} != param shape {target_shape}")
+    return out

@@ -1,0 +1,39 @@
+"""The loading entry points: `load_model` picks the loader for a path; `save_orbax` writes a checkpoint.
+
+Contract: `load_model(path, dtype, mesh)` auto-detects a `.gguf` file (`gguf_loader`), an orbax
+checkpoint directory written by `save_orbax` (`orbax_io`, detected by its `jaxchat_orbax.json`
+marker) or an HF safetensors directory with `config.json` (`hf_loader`), and returns a
+`LoadedModel`; a path that is none of these raises `ModelLoadError` naming it. `save_orbax` is
+`orbax_io.save_orbax`. The GGUF and HF loaders are imported on first use (importing this module
+stays cheap: no numpy, no jax); no loader imports this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxchat.models.base import LoadedModel
+from jaxchat.models.config import ModelLoadError
+from jaxchat.models.orbax_io import MARKER, load_orbax, save_orbax
+
+__all__ = ["load_model", "save_orbax"]
+
+
+def load_model(path: str | Path, dtype: str = "float32", mesh=None) -> LoadedModel:
+    """Load an HF safetensors directory, a `.gguf` file or an orbax checkpoint directory."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from jaxchat.models.gguf_loader import load_gguf
+
+        return load_gguf(path, dtype=dtype, mesh=mesh)
+    if path.is_dir() and (path / MARKER).exists():
+        return load_orbax(path, dtype=dtype, mesh=mesh)
+    if path.is_dir() and (path / "config.json").exists():
+        from jaxchat.models.hf_loader import load_hf
+
+        return load_hf(path, dtype=dtype, mesh=mesh)
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist")
+    raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file, an HF directory with config.json, "
+                         "or a jaxchat orbax checkpoint")
+
