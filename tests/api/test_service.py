@@ -36,6 +36,7 @@ class ScriptedEngine:
         self.tokenizer = word_tokenizer()
         self.model = SimpleNamespace(chat_template=template)
         self.prompts: list[list[int]] = []
+        self.eos_token_ids = (2,)
 
     def stats(self) -> dict:
         return {"max_context": 64, "running": 0, "waiting": 0, "max_batch": 1, "free_slots": 1, "compile_count": 0}
