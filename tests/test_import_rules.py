@@ -24,6 +24,9 @@ PACKAGE = ROOT / "jaxchat"
 LEAVES = ("jaxchat.assets", "jaxchat.bitmask")  # stdlib-level helpers any layer above chat may use
 
 # The jaxchat modules each part may import directly (DESIGN.md's table); a part not listed may import anything.
+# The engine's row in DESIGN.md allows `constrain` for the constraint protocol; that protocol is
+# `jaxchat.engine.types.Constraint` (structural typing), since constrain imports chat, which the engine
+# may not reach even indirectly.
 ALLOWED = {
     "jaxchat.chat": ("jaxchat.chat",),
     "jaxchat.constrain": ("jaxchat.constrain", "jaxchat.chat", *LEAVES),
