@@ -4,7 +4,7 @@
 hidden-64 random Qwen2 over the full Qwen2.5 vocabulary, next to the REAL Qwen2.5 tokenizer and chat
 template taken from the default model's GGUF; `template` replaces the chat template by the named real
 template (e.g. "Qwen-QwQ-32B.jinja" for a reasoning format) and `special_tokens` are added to the
-vocabulary (another format's markers, as single tokens). `build_chat_service(dir)` then runs the
+vocabulary (another format's markers, as single tokens; the model's logits grow to cover them). `build_chat_service(dir)` then runs the
 whole real pipeline with random weights: outputs are gibberish, but constrained requests still produce
 valid calls/JSON and greedy outputs are deterministic.
 """
@@ -31,15 +31,14 @@ def tiny_chat_model(directory: str | Path, template: str | None = None, seed: in
     assert tokenizer.chat_template and "<tool_call>" in tokenizer.chat_template, "the default model's template lost its tools"
     if template:
         tokenizer.chat_template = template_path(template).read_text()
-    if special_tokens:  # the Qwen2.5 vocabulary leaves ~270 ids free below the model's 151,936 logits
-        tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)},
-                                     replace_additional_special_tokens=False)
+    if special_tokens:  # new ids above the vocabulary's 151,936 (its spare ids are [PAD...] tokens)
+        tokenizer.add_tokens(list(special_tokens), special_tokens=True)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
         bos_token_id=151643, eos_token_id=151645,
     )
