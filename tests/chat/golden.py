@@ -283,7 +283,7 @@ def _deepseek_block(separator):
 def _mistral_extras() -> list[Golden]:
     weather = _mistral_args_call("get_weather", WEATHER)
     return [
-        _g(MISTRAL, "call_id_then_text", "", f"[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{{}} Done.</s>",
+        _g(MISTRAL, "call_id_then_text", "", "[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{} Done.</s>",
            content="Done.", calls=[("get_time", {})]),
         _g(MISTRAL, "think_then_calls", "", f"[THINK]Two calls.[/THINK]{_mistral_args_block([weather, 'get_time[ARGS]{}'])}</s>",
            reasoning="Two calls.", calls=[("get_weather", WEATHER), ("get_time", {})]),
