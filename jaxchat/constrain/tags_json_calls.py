@@ -99,12 +99,11 @@ def calls_format(spec: ChatFormatSpec, tools: list[tuple[str, dict]], at_least_o
         separator = "\n" if spec.variant == "r1" else ""
         block = _tag(spec.tool_start, _separated(tags, separator, single), spec.tool_end)
         return block if at_least_one else _triggered(spec, [block], single, excludes)
+    if spec.kind == "mistral" and spec.variant == "json_array":
+        array = _tag(spec.tool_start + "[", _separated(tags, ", ", single), "]")
+        return array if at_least_one else _triggered(spec, [array], single, excludes)
     if spec.kind == "mistral":
-        if spec.variant == "json_array":
-            tags = [_tag(spec.tool_start + "[", _separated(tags, ", ", single), "]")]
-        elif at_least_one:
-            return _separated(tags, "", single)
-        return tags[0] if at_least_one else _triggered(spec, tags, single, excludes)
+        return _separated(tags, "", single) if at_least_one else _triggered(spec, tags, single, excludes)
     return _llama_calls(spec, tags, at_least_one, single or spec.variant == "single", excludes)
 
 
