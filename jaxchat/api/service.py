@@ -82,7 +82,7 @@ class ChatService:
                    "eos_token": _text(getattr(self.tokenizer, "eos_token", None))}
         self.template = ChatTemplate(source, **special) if source else None
         vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
-        self.spec = chat_format_detect(source, is_token_from_vocab(vocab.keys()))
+        self.spec = chat_format_detect(source, is_token_from_vocab(vocab.keys()), template_name=model_id)
         log.info("Chat format: %s", self.spec)
         self.grammar = grammar
         self.tools_enabled = bool(self.template and self.template.tools_enabled)

@@ -42,6 +42,7 @@ __all__ = [
     "parse_json_arguments",
     "parse_python_calls",
     "parse_qwen_xml_call",
+    "read_json_call",
 ]
 
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -63,12 +64,17 @@ class _HermesFields:
 
 
 def parse_hermes_call(body: str, partial: bool) -> ParsedCall:
-    converter = ValueConverter(body, JSON, partial)
+    return read_json_call(ValueConverter(body, JSON, partial), 0)
+
+
+def read_json_call(converter: ValueConverter, pos: int) -> ParsedCall:
+    """The `{"name": ..., "arguments": ...}` object at `pos` of the converter's text (also an element
+    of Mistral's `[TOOL_CALLS][...]` array); `end` is in that text."""
     fields = _HermesFields(seen=set())
     try:
-        end = _read_hermes_object(converter, fields)
+        end = _read_hermes_object(converter, fields, pos)
     except NeedMoreText:
-        return _hermes_result(fields, False, len(body))
+        return _hermes_result(fields, False, len(converter.text))
     if fields.name is None:
         converter.fail('tool call has no "name"', end - 1)
     return _hermes_result(fields, True, end)
@@ -83,8 +89,8 @@ def _hermes_result(fields: _HermesFields, complete: bool, end: int) -> ParsedCal
     return ParsedCall(fields.name, arguments, complete, end)
 
 
-def _read_hermes_object(converter: ValueConverter, fields: _HermesFields) -> int:
-    pos = converter.ws(0)
+def _read_hermes_object(converter: ValueConverter, fields: _HermesFields, pos: int) -> int:
+    pos = converter.ws(pos)
     if converter.peek(pos) != "{":
         converter.fail("expected '{' to open the tool call", pos)
     pos = converter.ws(pos + 1)

@@ -7,7 +7,9 @@ markers are held back, segments are trimmed and joined with a blank line, and ar
 (`chat.args`) stream strings while holding scalars. The one exception is a final text cut inside a
 tool call: the incomplete call is dropped and its raw text is kept in `content`.
 
-The parsers are resumable: `make_parser(spec, options)` returns an object whose `parse(text, partial)`
+Formats whose calls close with their own syntax (`llama3_json`, `mistral`) are read by
+`chat.parse_inline`, Harmony by `chat.parse_harmony`. The parsers are resumable:
+`make_parser(spec, options)` returns an object whose `parse(text, partial)`
 may be called again with a longer text that extends the previous one; regions that closed are not
 scanned again, so a stream costs linear time overall (see `chat.stream`).
 """
@@ -22,29 +24,15 @@ from jaxchat.chat.args import (
     parse_python_calls,
     parse_qwen_xml_call,
 )
+from jaxchat.chat.args_json_calls import parse_deepseek_calls
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
 from jaxchat.chat.parse_harmony import HarmonyParser
-from jaxchat.chat.segments import MarkerScanner, Segments, cut_partial_marker, join_segment
+from jaxchat.chat.parse_inline import InlineCallParser
+from jaxchat.chat.segments import MarkerScanner, Segments, StopFinder, cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
 _CONTENT, _REASONING, _TOOL = "content", "reasoning", "tool"
 _GEMMA_THOUGHT = "thought"
-
-
-class StopFinder:
-    """Where the turn ends: the first stop marker, found incrementally."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.scanner = MarkerScanner()
-        self.stop_at: int | None = None
-
-    def end(self, text: str) -> int:
-        if self.stop_at is None and self.stops:
-            idx, _ = self.scanner.find(text, self.stops, 0, len(text))
-            if idx >= 0:
-                self.stop_at = idx
-        return len(text) if self.stop_at is None else self.stop_at
 
 
 def tool_body_calls(
@@ -57,6 +45,8 @@ def tool_body_calls(
         calls = [parse_qwen_xml_call(body, partial, options.tool_schema(_qwen_xml_name(body)))]
     elif spec.kind == "lfm2":
         return parse_python_calls(body, partial)  # validates the whole call list itself
+    elif spec.kind == "deepseek_v3":
+        return parse_deepseek_calls(body, partial)  # validates the whole block itself
     elif spec.kind == "gemma4":
         calls = [parse_gemma4_call(body, partial)]
     else:
@@ -185,6 +175,8 @@ def make_parser(spec: ChatFormatSpec, options: ChatParseOptions = ChatParseOptio
     """A resumable parser for `spec`: call `.parse(text, is_partial)` with ever longer texts."""
     if spec.kind == "harmony":
         return HarmonyParser(spec, options)
+    if spec.kind in ("llama3_json", "mistral"):
+        return InlineCallParser(spec, options)
     return TaggedParser(spec, options)
 
 

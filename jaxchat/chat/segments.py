@@ -3,7 +3,8 @@
 Contract: `cut_partial_marker(text, markers)` drops a tail of `text` that is a proper prefix of
 one of `markers` (it may still become that marker); `Segments` collects trimmed, non-empty text
 segments joined with a blank line, so trailing whitespace only shows once something follows it;
-`MarkerScanner` finds the first of some markers, resuming where its last search stopped.
+`MarkerScanner` finds the first of some markers, resuming where its last search stopped;
+`StopFinder` finds where the turn ends (its first stop marker), incrementally.
 """
 
 from __future__ import annotations
@@ -75,3 +76,19 @@ class MarkerScanner:
 
     def reset(self, pos: int) -> None:
         self.scan_from = pos
+
+
+class StopFinder:
+    """Where the turn ends: the first stop marker, found incrementally."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.scanner = MarkerScanner()
+        self.stop_at: int | None = None
+
+    def end(self, text: str) -> int:
+        if self.stop_at is None and self.stops:
+            idx, _ = self.scanner.find(text, self.stops, 0, len(text))
+            if idx >= 0:
+                self.stop_at = idx
+        return len(text) if self.stop_at is None else self.stop_at

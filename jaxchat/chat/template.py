@@ -5,7 +5,8 @@ Contract:
   sandboxed Jinja environment (`ImmutableSandboxedEnvironment`, `trim_blocks`/`lstrip_blocks`, loop
   controls, the `{% generation %}` block) with the globals and filters transformers gives templates:
   `raise_exception`, `strftime_now`, `namespace`, `dict`, and a `tojson` filter that never escapes HTML
-  (`ensure_ascii=False` by default; `indent`, `separators`, `sort_keys` accepted).
+  (`ensure_ascii=False` by default; `indent`, `separators`, `sort_keys` accepted; the lazy results of
+  `map` / `select` dump as lists).
 - `.render(messages, tools=None, add_generation_prompt=True, **template_kwargs) -> str` renders OpenAI
   chat messages. Messages are normalised into the shape templates expect: keys set to None are
   dropped, except that a missing or null `content` (an assistant turn with only tool calls) becomes
@@ -28,7 +29,7 @@ Contract:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any, ClassVar
@@ -108,7 +109,15 @@ def _strftime_now(fmt: str) -> str:
 def _tojson(
     value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                      default=_listed)
+
+
+def _listed(value: Any) -> list:
+    """The lazy sequences of Jinja filters (`tools | map(attribute='function')`) dump as lists."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class _StrictSandbox(ImmutableSandboxedEnvironment):

@@ -17,7 +17,8 @@ the request asked for. Layout:
 
 Per-tool tags follow xgrammar's builtin styles (hermes_json = `qwen_3`, qwen_xml = `qwen_3_coder`,
 gemma4 = `gemma_4`, harmony = `harmony`); LFM2's Python call lists are EBNF built by
-`jaxchat.constrain.pyargs.argument_list_rules`. JSON arguments and content are bounded: integers
+`jaxchat.constrain.pyargs.argument_list_rules`; the calls of llama3_json, mistral and deepseek_v3
+are composed by `jaxchat.constrain.tags_json_calls` around the JSON arguments built here. JSON arguments and content are bounded: integers
 and numbers to 16 integer digits (via a schema range; xgrammar then allows 6 fraction digits),
 whitespace runs to `MAX_WS` characters. Marker strings never appear inside free text or strings.
 `RequestError` (400) for tool_choice required / named when the template leaves tools out of the
@@ -30,6 +31,8 @@ import json
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
 from jaxchat.constrain.pyargs import python_calls_grammar
+from jaxchat.constrain.tags_json_calls import KINDS as JSON_CALL_KINDS
+from jaxchat.constrain.tags_json_calls import call_tags, calls_format
 
 MAX_WS = 4
 INT_BOUND = 10**16 - 1
@@ -98,15 +101,18 @@ def bounded_schema(schema):
 def string_excludes(markers) -> list[str]:
     """What JSON strings must not contain so that `markers` never appear in them: xgrammar's
     `excludes`, whose compile cost grows with the total excluded length (~25 ms per character on a
-    150k vocabulary), so every marker spelled `<|...` collapses into `<|` and every `...|>` into
-    `|>` (a string may then not contain those two-character sequences at all, as LFM2's Python
-    strings already may not); other markers (`</tool_call>`, `<think>`) are excluded exactly."""
+    150k vocabulary), so every marker spelled `<|...` collapses into `<|`, every `...|>` into
+    `|>` and DeepSeek's `<｜...` into `<｜` (a string may then not contain those two-character
+    sequences at all, as LFM2's Python strings already may not); other markers (`</tool_call>`,
+    `<think>`, `[TOOL_CALLS]`) are excluded exactly."""
     out = []
     for m in dict.fromkeys(m for m in markers if m):
         if m.startswith("<|"):
             m = "<|"
         elif m.endswith("|>"):
             m = "|>"
+        elif m.startswith("<｜"):
+            m = "<｜"
         if m not in out:
             out.append(m)
     return out
@@ -152,6 +158,8 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     params = _params(tool)
     ts, te = spec.tool_start, spec.tool_end
     excl = argument_markers(spec)
+    if spec.kind in JSON_CALL_KINDS:
+        return call_tags(spec, name, _json(spec, params, excludes=excl))
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
         begin = ts + '\n{"name": ' + json.dumps(name) + ', "arguments": '
         return [_tag(begin, _json(spec, params, excludes=excl), "}\n" + te)]
@@ -175,6 +183,9 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
 def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, excludes) -> dict:
     """Tool calls: with `at_least_one`, one or more calls separated by a newline and nothing else;
     otherwise free text in which the tool opener triggers a call."""
+    if spec.kind in JSON_CALL_KINDS:
+        arguments = [(t["function"]["name"], _json(spec, _params(t), excludes=argument_markers(spec))) for t in tools]
+        return calls_format(spec, arguments, at_least_one, single, excludes)
     if spec.kind == "lfm2":
         grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
         tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]

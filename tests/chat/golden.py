@@ -76,7 +76,8 @@ class Golden:
 
     @property
     def id(self) -> str:
-        return f"{self.spec.kind}:{self.name}"
+        kind = f"{self.spec.kind}:{self.spec.variant}" if self.spec.variant else self.spec.kind
+        return f"{kind}:{self.name}"
 
 
 def _g(spec, name, prefill, generated, reasoning="", content="", calls=(), cut="") -> Golden:
@@ -213,6 +214,95 @@ def _plain() -> list[Golden]:
     ]
 
 
+# -- Llama 3, Mistral, DeepSeek V3 -------------------------------------------------------------------
+
+LLAMA3 = chat_format_make("llama3_json")
+LLAMA3_SEMICOLON = chat_format_make("llama3_json", variant="semicolon")
+MISTRAL = chat_format_make("mistral", reasoning=True)
+MISTRAL_ARRAY = chat_format_make("mistral", variant="json_array")
+DEEPSEEK_R1 = chat_format_make("deepseek_v3", reasoning=True, reasoning_forced=True)
+DEEPSEEK_V31 = chat_format_make("deepseek_v3", reasoning=True, variant="v3_1")
+WEATHER = {"city": "Paris", "days": 3}
+
+
+def _llama_call(name, args):
+    return "{" + f'"name": "{name}", "parameters": {json.dumps(args, ensure_ascii=False)}' + "}"
+
+
+def _llama() -> list[Golden]:
+    s, weather = LLAMA3, _llama_call("get_weather", WEATHER)
+    cut = weather[:-8]
+    return [
+        _g(s, "plain_text", "", "Hello! How can I help you today?<|eot_id|>", content="Hello! How can I help you today?"),
+        _g(s, "bare_call", "", weather + "<|eot_id|>", calls=[("get_weather", WEATHER)]),
+        _g(s, "python_tag_call", "", "<|python_tag|>" + weather + "<|eom_id|>", calls=[("get_weather", WEATHER)]),
+        _g(s, "text_then_python_tag_call", "", "Let me check the weather.\n\n<|python_tag|>" + weather,
+           content="Let me check the weather.", calls=[("get_weather", WEATHER)]),
+        _g(s, "empty_arguments", "", _llama_call("get_time", {}), calls=[("get_time", {})]),
+        _g(s, "nested_unicode", "", _llama_call("search", NESTED_ARGS), calls=[("search", NESTED_ARGS)]),
+        _g(s, "json_content_is_not_a_call", "", '{"answer": "4", "confidence": 1}', content='{"answer": "4", "confidence": 1}'),
+        _g(s, "call_shaped_text_later_is_content", "", 'Write {"name": "get_time", "parameters": {}} to call it.',
+           content='Write {"name": "get_time", "parameters": {}} to call it.'),
+        _g(s, "typed_call", "", '{"type": "function", "name": "get_time", "parameters": {}}', calls=[("get_time", {})]),
+        _g(s, "builtin_code_call_is_text", "", '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>',
+           content='<|python_tag|>brave_search.call(query="weather in Paris")'),
+        _g(s, "cut_in_call", "", cut, content=cut, cut="call"),
+        _g(LLAMA3_SEMICOLON, "several_calls", "", weather + "; " + _llama_call("get_time", {}) + "<|eom_id|>",
+           calls=[("get_weather", WEATHER), ("get_time", {})]),
+        _g(LLAMA3_SEMICOLON, "python_tag_several_calls", "", "<|python_tag|>" + weather + "; " + _llama_call("get_time", {}),
+           calls=[("get_weather", WEATHER), ("get_time", {})]),
+        _g(LLAMA3_SEMICOLON, "semicolon_then_text", "", weather + "; no more calls",
+           content="; no more calls", calls=[("get_weather", WEATHER)]),
+    ]
+
+
+def _mistral_args_call(name, args):
+    return f"{name}[ARGS]{json.dumps(args, ensure_ascii=False)}"
+
+
+def _mistral_args_block(calls):
+    return "".join(f"[TOOL_CALLS]{c}" for c in calls)
+
+
+def _mistral_array_block(calls):
+    return "[TOOL_CALLS][" + ", ".join(calls) + "]"
+
+
+def _deepseek_r1_call(name, args):
+    return f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json.dumps(args, ensure_ascii=False)}\n```<｜tool▁call▁end｜>"
+
+
+def _deepseek_v31_call(name, args):
+    return f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(args, ensure_ascii=False)}<｜tool▁call▁end｜>"
+
+
+def _deepseek_block(separator):
+    return lambda calls: "<｜tool▁calls▁begin｜>" + separator.join(calls) + "<｜tool▁calls▁end｜>"
+
+
+def _mistral_extras() -> list[Golden]:
+    weather = _mistral_args_call("get_weather", WEATHER)
+    return [
+        _g(MISTRAL, "call_id_then_text", "", "[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{} Done.</s>",
+           content="Done.", calls=[("get_time", {})]),
+        _g(MISTRAL, "think_then_calls", "", f"[THINK]Two calls.[/THINK]{_mistral_args_block([weather, 'get_time[ARGS]{}'])}</s>",
+           reasoning="Two calls.", calls=[("get_weather", WEATHER), ("get_time", {})]),
+        _g(MISTRAL_ARRAY, "ids_are_dropped", "",
+           '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}, "id": "a1b2c3d4e"}]</s>',
+           calls=[("get_weather", WEATHER)]),
+    ]
+
+
+def _deepseek_extras() -> list[Golden]:
+    r1 = _deepseek_block("\n")([_deepseek_r1_call("get_time", {})])
+    return [
+        _g(DEEPSEEK_R1, "text_around_calls", "<think>\n", f"Time.\n</think>\n\nChecking.{r1}Done.<｜end▁of▁sentence｜>",
+           reasoning="Time.", content="Checking.\n\nDone.", calls=[("get_time", {})]),
+        _g(DEEPSEEK_V31, "no_thinking", "", _deepseek_block("")([_deepseek_v31_call("get_time", {})]) + "<｜end▁of▁sentence｜>",
+           calls=[("get_time", {})]),
+    ]
+
+
 GOLDEN: list[Golden] = [
     *_tag_family(HERMES, _json_call, _hermes_block, "<think>\n"),
     *_tag_family(QWEN_XML, _xml_call, _hermes_block, "<think>\n"),
@@ -227,4 +317,11 @@ GOLDEN: list[Golden] = [
        content="Sure.", calls=[("get_time", {})]),
     *_harmony(),
     *_plain(),
+    *_llama(),
+    *_tag_family(MISTRAL, _mistral_args_call, _mistral_args_block, "[THINK]"),
+    *(g for g in _tag_family(MISTRAL_ARRAY, _json_call, _mistral_array_block, "") if "reasoning" not in g.name),
+    *_mistral_extras(),
+    *_tag_family(DEEPSEEK_R1, _deepseek_r1_call, _deepseek_block("\n"), "<think>\n"),
+    *_tag_family(DEEPSEEK_V31, _deepseek_v31_call, _deepseek_block(""), "<think>"),
+    *_deepseek_extras(),
 ]

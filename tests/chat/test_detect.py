@@ -3,17 +3,32 @@
 Vocabularies: quicktok's bundled encodings for Qwen3 (also Qwen3.5 / QwQ / Qwen3-Coder here), gpt-oss
 (o200k_harmony) and Llama 3; the real GGUF tokenizer for Qwen2.5 (slow). Models without a vocabulary
 package (LFM2, Gemma, GLM, DeepSeek-R1 distills, ...) get a literal set of their special tokens below.
+No Llama 3.1+, Mistral (tekken) or DeepSeek tokenizer is available offline, so those kinds are checked
+with literal sets of their special tokens (as written in the models' tokenizer configs), and the Llama
+templates also with quicktok's Llama 3 vocabulary, which lacks the 3.1 tokens (`<|python_tag|>`,
+`<|eom_id|>`): detection must not need them.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 
 import pytest
 
 from jaxchat.assets import asset_path, template_path
 from jaxchat.chat.detect import chat_format_detect, is_token_from_vocab
-from jaxchat.chat.spec import chat_format_make
+from jaxchat.chat.spec import (
+    DEEPSEEK_CALL_BEGIN,
+    DEEPSEEK_CALL_END,
+    DEEPSEEK_SEP,
+    FORMAT_KINDS,
+    MISTRAL_ARGS,
+    MISTRAL_CALL_ID,
+    VARIANTS,
+    chat_format_make,
+    reasoning_markers,
+)
 
 quicktok = pytest.importorskip("quicktok")
 
@@ -106,6 +121,35 @@ MINIMAX_SPECIALS = {
     "<mm:think>",
     "</mm:think>",
 }
+LLAMA31_SPECIALS = {
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "<|finetune_right_pad_id|>",
+}
+# tekken v3 (Mistral-Nemo): no [ARGS] / [CALL_ID] / [THINK]
+MISTRAL_V3_SPECIALS = {
+    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]",
+    "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]",
+}
+MISTRAL_V11_SPECIALS = MISTRAL_V3_SPECIALS | {"[ARGS]", "[CALL_ID]"}  # Devstral, Mistral-Small-3.2
+MISTRAL_V13_SPECIALS = MISTRAL_V11_SPECIALS | {"[THINK]", "[/THINK]"}  # Ministral-3 / Magistral
+DEEPSEEK_V3_SPECIALS = R1_DISTILL_SPECIALS | {
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "<｜tool▁sep｜>",
+}
 NO_VOCAB = frozenset()  # judge by the template alone
 
 
@@ -122,9 +166,23 @@ CASES = [
     ("Qwen3-Coder.jinja", "qwen3", "qwen_xml with reasoning"),  # the shared Qwen3 vocabulary has <think>
     ("Qwen3.5-4B.jinja", "qwen3", "qwen_xml with reasoning"),
     ("openai-gpt-oss-120b.jinja", "o200k_harmony", "harmony with reasoning"),
-    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3", "plain"),
-    ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3", "plain"),
-    ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3", "plain"),
+    # the Llama 3.1-3.3 templates refuse a second call in one message: one call per turn
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3", "llama3_json:single"),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", "llama3", "llama3_json:single"),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3", "llama3_json:single"),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", LLAMA31_SPECIALS, "llama3_json:single"),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", LLAMA31_SPECIALS, "llama3_json:single"),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", LLAMA31_SPECIALS, "llama3_json:single"),
+    ("fireworks-ai-llama-3-firefunction-v2.jinja", LLAMA31_SPECIALS, "plain"),  # functools[{"name", "arguments"}]
+    ("meetkai-functionary-medium-v3.1.jinja", LLAMA31_SPECIALS, "plain"),  # <function=...>, <|python_tag|> code
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL_V3_SPECIALS, "mistral:json_array"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL_V11_SPECIALS, "mistral:json_array"),  # the template decides
+    ("unsloth-mistral-Devstral-Small-2507.jinja", MISTRAL_V11_SPECIALS, "mistral:args"),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", MISTRAL_V11_SPECIALS, "mistral:args"),
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", MISTRAL_V13_SPECIALS, "mistral:args with reasoning"),
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", NO_VOCAB, "mistral:args with reasoning"),  # [THINK] in the template
+    ("deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK_V3_SPECIALS, "deepseek_v3:v3_1 with reasoning"),  # <think></think> when off
+    ("deepseek-ai-DeepSeek-V3.2.jinja", DEEPSEEK_V3_SPECIALS, "plain with reasoning"),  # DSML calls, not this kind
     ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "llama3", "hermes_json"),
     ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "llama3", "hermes_json"),
     ("LFM2-8B-A1B.jinja", LFM2_SPECIALS, "lfm2"),  # renders <|tool_list_start|>, never <|tool_call_start|>
@@ -133,10 +191,11 @@ CASES = [
     ("google-gemma-4-31B-it.jinja", GEMMA4_SPECIALS, "gemma4 with reasoning"),
     ("google-gemma-4-31B-it-interleaved.jinja", GEMMA4_SPECIALS, "gemma4 with reasoning"),
     ("google-gemma-2-2b-it.jinja", GEMMA2_SPECIALS, "plain"),
-    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", R1_DISTILL_SPECIALS, "plain with forced reasoning"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", R1_DISTILL_SPECIALS, "deepseek_v3:r1 with forced reasoning"),
     # this copy appends </think> unless enable_thinking is true, so the prompt does not force reasoning
-    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", R1_DISTILL_SPECIALS, "plain with reasoning"),
-    ("llama-cpp-deepseek-r1.jinja", R1_DISTILL_SPECIALS, "plain with forced reasoning"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", R1_DISTILL_SPECIALS, "deepseek_v3:r1 with reasoning"),
+    ("llama-cpp-deepseek-r1.jinja", R1_DISTILL_SPECIALS, "deepseek_v3:r1 with forced reasoning"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", DEEPSEEK_V3_SPECIALS, "deepseek_v3:r1 with forced reasoning"),
     ("GLM-4.6.jinja", GLM_SPECIALS, "plain with reasoning"),  # <tool_call>name<arg_key>..., not JSON
     ("GLM-4.7-Flash.jinja", GLM_SPECIALS, "plain with reasoning"),
     ("MiniMax-M3.jinja", MINIMAX_SPECIALS, "plain"),
@@ -159,12 +218,14 @@ CASES = [
 def test_real_templates(name, vocab, expected):
     spec = chat_format_detect(_src(name), _vocab(vocab))
     assert str(spec) == expected
-    assert spec == chat_format_make(spec.kind, spec.reasoning, spec.reasoning_forced)
+    assert spec == chat_format_make(spec.kind, spec.reasoning, spec.reasoning_forced, spec.variant)
 
 
 def test_every_kind_and_flag_is_covered():
-    kinds = {expected.split()[0] for _, _, expected in CASES}
-    assert kinds == {"plain", "hermes_json", "qwen_xml", "lfm2", "gemma4", "harmony"}
+    kinds = {expected.split()[0].split(":")[0] for _, _, expected in CASES}
+    assert kinds == set(FORMAT_KINDS)
+    variants = {expected.split()[0] for _, _, expected in CASES if ":" in expected.split()[0]}
+    assert variants == {f"{k}:{v}" for k, vs in VARIANTS.items() for v in vs} - {"llama3_json:semicolon"}
     assert any("with reasoning" in e for _, _, e in CASES)
     assert any("forced reasoning" in e for _, _, e in CASES)
 
@@ -179,7 +240,15 @@ def test_spec_fields():
     gemma = chat_format_detect(_src("google-gemma-4-31B-it.jinja"), _vocab(GEMMA4_SPECIALS))
     assert gemma.tool_start == "<|tool_call>" and "<|tool_response>" in gemma.extra_stops
     llama = chat_format_detect(_src("meta-llama-Llama-3.1-8B-Instruct.jinja"), _vocab("llama3"))
-    assert not llama.reasoning and llama.reasoning_start == "" and not llama.has_tools
+    assert not llama.reasoning and llama.reasoning_start == "" and llama.has_tools
+    assert (llama.tool_start, llama.tool_end) == ("<|python_tag|>", "")
+    assert {"<|eom_id|>", "<|eot_id|>"} <= set(llama.extra_stops)
+    mistral = chat_format_detect(_src("mistralai-Ministral-3-14B-Reasoning-2512.jinja"), _vocab(MISTRAL_V13_SPECIALS))
+    assert (mistral.reasoning_start, mistral.reasoning_end, mistral.tool_start) == ("[THINK]", "[/THINK]", "[TOOL_CALLS]")
+    assert mistral.reasoning and not mistral.reasoning_forced and mistral.stop_markers == ("</s>",)
+    r1 = chat_format_detect(_src("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"), _vocab(R1_DISTILL_SPECIALS))
+    assert (r1.reasoning_start, r1.tool_start, r1.tool_end) == ("<think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+    assert r1.reasoning_forced and r1.stop_markers == ("<｜end▁of▁sentence｜>",)
 
 
 def test_lfm2_needs_the_vocabulary():
@@ -195,8 +264,8 @@ def test_r1_distill_template_without_think_uses_the_vocabulary():
     # with <think> in the vocabulary the model still reasons (not forced: the prompt does not open it).
     src = _src("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja").replace("<｜Assistant｜><think>\\n", "<｜Assistant｜>")
     assert "<think>" not in src and "</think>" in src
-    assert str(chat_format_detect(src, _vocab(R1_DISTILL_SPECIALS))) == "plain with reasoning"
-    assert str(chat_format_detect(src, _vocab("llama3"))) == "plain"
+    assert str(chat_format_detect(src, _vocab(R1_DISTILL_SPECIALS))) == "deepseek_v3:r1 with reasoning"
+    assert str(chat_format_detect(src, _vocab("llama3"))) == "deepseek_v3:r1"
 
 
 def test_glm_and_minimax_are_not_hermes_even_with_tool_call_tokens():
@@ -247,3 +316,58 @@ def test_qwen25_with_gguf_tokenizer():
     assert str(chat_format_detect(_src("Qwen-Qwen2.5-7B-Instruct.jinja"), is_token)) == "hermes_json"
     # the model's own template, as shipped in the GGUF
     assert str(chat_format_detect(tok.chat_template, is_token)) == "hermes_json"
+
+
+def test_new_kinds_markers_are_spelled_as_the_templates_write_them():
+    r1, v31 = _src("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja"), _src("deepseek-ai-DeepSeek-V3.1.jinja")
+    spec = chat_format_make("deepseek_v3", reasoning=True)
+    for marker in (spec.tool_start, spec.tool_end, *spec.stop_markers, DEEPSEEK_CALL_BEGIN, DEEPSEEK_CALL_END, DEEPSEEK_SEP):
+        assert marker in r1 and marker in v31, marker
+    devstral, small = _src("unsloth-mistral-Devstral-Small-2507.jinja"), _src("Mistral-Small-3.2-24B-Instruct-2506.jinja")
+    assert "[TOOL_CALLS]" in devstral and MISTRAL_ARGS in devstral and MISTRAL_CALL_ID in small
+    ministral = _src("mistralai-Ministral-3-14B-Reasoning-2512.jinja")
+    assert all(m in ministral for m in reasoning_markers("mistral"))
+    llama = _src("meta-llama-Llama-3.1-8B-Instruct.jinja")
+    assert all(m in llama for m in ("<|python_tag|>", "<|eom_id|>", "<|eot_id|>"))
+
+
+LLAMA_SEMICOLON = (
+    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{% if m.tool_calls %}<|python_tag|>{% for c in m.tool_calls %}"
+    '{{ \'{"name": "\' + c.function.name + \'", "parameters": \' + c.function.arguments | tojson + \'}\' }}'
+    "{% if not loop.last %}; {% endif %}{% endfor %}<|eom_id|>{% else %}{{ m.content }}<|eot_id|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def test_llama_semicolon_variant_when_the_template_joins_calls():
+    assert str(chat_format_detect(LLAMA_SEMICOLON, _vocab(LLAMA31_SPECIALS))) == "llama3_json:semicolon"
+    joined_by_newline = LLAMA_SEMICOLON.replace("; ", "\\n")
+    assert str(chat_format_detect(joined_by_newline, _vocab(LLAMA31_SPECIALS))) == "llama3_json:single"
+
+
+def test_mistral_from_the_vocabulary_alone():
+    src = "{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}"
+    assert str(chat_format_detect(src, _vocab(MISTRAL_V3_SPECIALS))) == "mistral:json_array"
+    assert str(chat_format_detect(src, _vocab(MISTRAL_V13_SPECIALS))) == "mistral:args with reasoning"
+    assert str(chat_format_detect(src, _vocab(NO_VOCAB))) == "plain"
+
+
+def test_unknown_tool_syntax_falls_back_to_plain_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="jaxchat"):
+        spec = chat_format_detect(_src("meetkai-functionary-medium-v3.1.jinja"), _vocab(LLAMA31_SPECIALS),
+                                  template_name="functionary-v3.1")
+    assert str(spec) == "plain"
+    assert "'functionary-v3.1' renders tools" in caplog.text and "come back as text" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jaxchat"):
+        chat_format_detect(_src("deepseek-ai-DeepSeek-V3.2.jinja"), _vocab(DEEPSEEK_V3_SPECIALS))
+    assert "(unnamed, sha256 " in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jaxchat"):
+        for name, vocab in (("google-gemma-2-2b-it.jinja", GEMMA2_SPECIALS),  # renders no tools
+                            ("meta-llama-Llama-3.1-8B-Instruct.jinja", LLAMA31_SPECIALS),
+                            ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL_V3_SPECIALS),
+                            ("deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK_V3_SPECIALS)):
+            chat_format_detect(_src(name), _vocab(vocab), template_name=name)
+    assert caplog.text == ""

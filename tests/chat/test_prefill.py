@@ -11,6 +11,10 @@ HERMES_THINK = chat_format_make("hermes_json", reasoning=True)
 QWEN_XML = chat_format_make("qwen_xml", reasoning=True)
 HARMONY = chat_format_make("harmony")
 R1 = chat_format_make("plain", reasoning=True, reasoning_forced=True)
+DEEPSEEK_R1 = chat_format_make("deepseek_v3", reasoning=True, reasoning_forced=True, variant="r1")
+DEEPSEEK_V31 = chat_format_make("deepseek_v3", reasoning=True, variant="v3_1")
+LLAMA3 = chat_format_make("llama3_json")
+MISTRAL_THINK = chat_format_make("mistral", reasoning=True)
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
@@ -33,6 +37,15 @@ def _tail(template: str, **kwargs) -> str:
         ("Qwen-Qwen3-0.6B.jinja", HERMES_THINK, {"enable_thinking": False}, ""),
         ("openai-gpt-oss-120b.jinja", HARMONY, {}, "assistant"),
         ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", R1, {}, "<think>\n"),
+        ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", DEEPSEEK_R1, {}, "<think>\n"),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", DEEPSEEK_R1, {"enable_thinking": True}, "<think>\n"),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", DEEPSEEK_R1, {"enable_thinking": False}, ""),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK_V31, {"enable_thinking": True}, "<think>"),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", DEEPSEEK_V31, {"enable_thinking": False}, ""),  # <think></think>
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", LLAMA3, {}, ""),
+        ("meta-llama-Llama-3.2-3B-Instruct.jinja", LLAMA3, {}, ""),
+        ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", MISTRAL_THINK, {}, ""),  # the model opens [THINK] itself
+        ("unsloth-mistral-Devstral-Small-2507.jinja", chat_format_make("mistral"), {}, ""),
     ],
 )
 def test_prefill_of_real_generation_prompts(template, spec, kwargs, expected):
@@ -59,3 +72,8 @@ def test_harmony_takes_everything_after_last_start():
     tail = "<|start|>user<|message|>Hi<|end|><|start|>assistant"
     assert chat_format_prefill(HARMONY, tail) == "assistant"
     assert chat_format_prefill(HARMONY, "no start marker") == ""
+
+
+def test_mistral_think_opened_in_the_prompt():
+    assert chat_format_prefill(MISTRAL_THINK, "[INST]Hi[/INST][THINK]") == "[THINK]"
+    assert chat_format_prefill(MISTRAL_THINK, "[INST]Hi[/INST][THINK]x[/THINK]") == ""

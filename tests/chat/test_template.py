@@ -241,3 +241,7 @@ def test_tools_enabled():
     assert ChatTemplate(_src("LFM2-8B-A1B.jinja")).tools_enabled
     assert not ChatTemplate(_src("google-gemma-2-2b-it.jinja")).tools_enabled
     assert not ChatTemplate(_src("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja")).tools_enabled
+    assert not ChatTemplate(_src("deepseek-ai-DeepSeek-V3.1.jinja")).tools_enabled  # definitions go in the system prompt
+    # llama.cpp's R1 template dumps `tools | map(attribute='function')`, a lazy Jinja sequence
+    assert ChatTemplate(_src("llama-cpp-deepseek-r1.jinja")).tools_enabled
+    assert ChatTemplate("{{ [{'a': 1}, {'a': 2}] | map(attribute='a') | tojson }}").render([]) == "[1, 2]"

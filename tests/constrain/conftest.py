@@ -4,13 +4,17 @@
   so only the first session pays the GGUF read); markers like `<think>` are spelled out.
 - `qwen3`: quicktok's Qwen3 vocabulary (`<think>`, `</think>`, `<tool_call>` are single tokens).
 - `harmony`: quicktok's o200k_harmony vocabulary (all Harmony markers are single tokens).
+- `qwen25_markers`: a copy of the default model's tokenizer whose spare ids (its `[PAD151665]` ...
+  entries, below the 151,936 logits) hold the markers of llama3_json, mistral and deepseek_v3 (and
+  `<think>`, `</think>`) as special tokens: no Llama 3.1, Mistral or DeepSeek tokenizer is available
+  offline, and in theirs these markers are single tokens too.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.constrain.support import Vocab
+from tests.constrain.support import ADDED_MARKERS, ADDED_STOPS, Vocab, tokenizer_with_markers
 
 
 @pytest.fixture(scope="session")
@@ -25,11 +29,18 @@ def qwen25_tokenizer():
     return gguf_tokenizer(path, None)  # the GGUF's tokenizer, its conversion cached in the jaxchat cache
 
 
+def _qwen25_with_markers(tokenizer):
+    tokenizer = tokenizer_with_markers(tokenizer, ADDED_MARKERS, first_id=151665)
+    stops = (151645, 151643, *tokenizer.convert_tokens_to_ids(list(ADDED_STOPS)))
+    return Vocab.hf(tokenizer, vocab_size=151936, stops=stops)
+
+
 @pytest.fixture(scope="session")
 def vocabs(qwen25_tokenizer):
     """name -> Vocab (engine + encode/decode), built lazily."""
     return {
         "qwen25": lambda: Vocab.hf(qwen25_tokenizer, vocab_size=151936, stops=(151645, 151643)),
+        "qwen25_markers": lambda: _qwen25_with_markers(qwen25_tokenizer),
         "qwen3": lambda: Vocab.quicktok("qwen3", stops=("<|im_end|>", "<|endoftext|>")),
         "harmony": lambda: Vocab.quicktok("o200k_harmony", stops=("<|return|>", "<|call|>", "<|endoftext|>")),
     }

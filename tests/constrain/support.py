@@ -26,6 +26,14 @@ import numpy as np
 from jaxchat.chat import chat_constraint_request_from_openai
 from jaxchat.constrain import GrammarEngine
 
+# Markers of llama3_json, mistral and deepseek_v3 added to the Qwen2.5 tokenizer for the walks (see conftest).
+ADDED_STOPS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<｜end▁of▁sentence｜>")
+ADDED_MARKERS = (
+    *ADDED_STOPS, "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+    "<think>", "</think>",
+)
+
 P_MARKER = 0.12
 P_CLOSE = 0.2
 LATE = 150
@@ -71,6 +79,24 @@ class Vocab:
                 mask[i] = bool(b) and set(b.decode("utf-8", "replace")) <= _CLOSERS
             self._closers = mask
         return self._closers
+
+
+def tokenizer_with_markers(tokenizer, markers, first_id: int):
+    """A copy of a byte-level BPE tokenizer whose ids `first_id`, `first_id + 1`, ... (spare entries of
+    its vocabulary) are the special tokens `markers`, so each marker is one token."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    by_id = {i: text for text, i in vocab.items()}
+    for i, marker in enumerate(markers, start=first_id):
+        del vocab[by_id[i]]
+        vocab[marker] = i
+        spec["added_tokens"].append({"id": i, "content": marker, "single_word": False, "lstrip": False,
+                                     "rstrip": False, "normalized": False, "special": True})
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   eos_token=tokenizer.eos_token, pad_token=tokenizer.pad_token)
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -239,6 +265,7 @@ _CLOSING_TAGS = {
     "qwen_xml": ("\n</parameter>", "</parameter>", "\n</function>", "</function>"),
     "gemma4": ('<|"|>',),
     "harmony": ("<|end|>", "<|return|>", "<|call|>"),
+    "deepseek_v3": ("\n```<｜tool▁call▁end｜>", "<｜tool▁call▁end｜>"),
 }
 
 

@@ -25,7 +25,7 @@ from tests.constrain.support import SCHEMA, closing_sequences, make_request, mar
 WALKS = int(os.environ.get("JAXCHAT_WALKS", "4"))
 MAX_STEPS = 400
 
-# (format kind, reasoning known, vocabulary)
+# (format kind[:variant], reasoning known, vocabulary)
 FORMATS = [
     ("hermes_json", False, "qwen25"),
     ("hermes_json", True, "qwen3"),
@@ -35,6 +35,12 @@ FORMATS = [
     ("gemma4", True, "qwen25"),
     ("harmony", True, "harmony"),
     ("plain", False, "qwen25"),
+    ("llama3_json", False, "qwen25_markers"),
+    ("llama3_json:semicolon", False, "qwen25_markers"),
+    ("mistral", True, "qwen25_markers"),
+    ("mistral:json_array", False, "qwen25_markers"),
+    ("deepseek_v3", True, "qwen25_markers"),
+    ("deepseek_v3:v3_1", True, "qwen25_markers"),
 ]
 COMBOS = [
     (mode, rf)
@@ -88,7 +94,8 @@ def check(spec, request, text: str, finished: bool) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,reasoning,vocab_name,mode,rf,think", list(_cases()))
 def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, think):
-    spec = chat_format_make(kind, reasoning=reasoning)
+    name, _, variant = kind.partition(":")
+    spec = chat_format_make(name, reasoning=reasoning, variant=variant)
     request = make_request(mode, rf, reasoning=think, tools=kind != "plain" or mode != "none")
     if kind == "plain" and mode == "auto":
         request = make_request("none", rf, reasoning=think)
