@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
+from jaxchat.constrain.objects import any_order_arguments
 from jaxchat.constrain.pyargs import python_calls_grammar
 
 MAX_WS = 4
@@ -141,6 +142,12 @@ def content_markers(spec: ChatFormatSpec, request: ConstraintRequest) -> tuple[s
     return (*spec.stop_markers, *spec.extra_stops, reasoning, opener)
 
 
+def _arguments(spec: ChatFormatSpec, params: dict, style: str = "json") -> dict:
+    """A tool's arguments: its schema's top-level properties in any order (`objects.py`), values as
+    the builtin style constrains them, the call's markers kept out of strings."""
+    return any_order_arguments(_json(spec, params, style, argument_markers(spec)))
+
+
 def _params(tool: dict) -> dict:
     params = tool["function"].get("parameters")
     return params if isinstance(params, dict) else {"type": "object", "properties": {}}
@@ -151,17 +158,16 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     name = tool["function"]["name"]
     params = _params(tool)
     ts, te = spec.tool_start, spec.tool_end
-    excl = argument_markers(spec)
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
         begin = ts + '\n{"name": ' + json.dumps(name) + ', "arguments": '
-        return [_tag(begin, _json(spec, params, excludes=excl), "}\n" + te)]
+        return [_tag(begin, _arguments(spec, params), "}\n" + te)]
     if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"; the newline before </function> is the content's
         # trailing whitespace, so a call without parameters may be `<function=NAME>\n</function>`
-        return [_tag(f"{ts}\n<function={name}>\n", _json(spec, params, "qwen_xml", excl), f"</function>\n{te}")]
+        return [_tag(f"{ts}\n<function={name}>\n", _arguments(spec, params, "qwen_xml"), f"</function>\n{te}")]
     if spec.kind == "gemma4":  # xgrammar "gemma_4"
-        return [_tag(f"{ts}call:{name}", _json(spec, params, "gemma", excl), te)]
+        return [_tag(f"{ts}call:{name}", _arguments(spec, params, "gemma"), te)]
     if spec.kind == "harmony":  # xgrammar "harmony", plus the spacing gpt-oss emits
-        content = _json(spec, params, excludes=excl)
+        content = _arguments(spec, params)
         heads = (
             f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
             f"<|channel|>commentary to=functions.{name}<|constrain|>json<|message|>",

@@ -36,7 +36,7 @@ ROWS = [
     ("hermes_json", "required", "text", "", "@@Sure, " + CALL_W),
     ("hermes_json", "auto_single", "text", "", CALL_W + "@@\n" + CALL_T),
     ("hermes_json", "named", "text", "", '<tool_call>\n{"name": "@@get_weather"'),
-    ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"@@unit": "c"}}'),
+    ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c"@@}}'),
     ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": @@3}}'),
     ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x", "unit": "@@k"}}'),
     ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x", "hourly":    @@  true}}'),
