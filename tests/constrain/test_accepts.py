@@ -42,7 +42,7 @@ ROWS = [
     ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x", "hourly":    @@  true}}'),
     ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "search", "arguments": {"query": "x", "score": 1234567890123456@@7}}'),
     ("lfm2", "auto", "text", "", '<|tool_call_start|>[search(query="x", score=1234567890123456@@7)]'),
-    ("lfm2", "auto", "text", "", '<|tool_call_start|>[get_weather(@@unit="c")]'),
+    ("lfm2", "auto", "text", "", '<|tool_call_start|>[get_weather(unit="c"@@)]'),
     ("plain", "none", "json_schema", "", '{"answer": "42", "confidence": 3}@@ trailing'),
     # markers the parser acts on never appear inside strings (spelled out or as one token)
     ("hermes_json", "auto", "text", "", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a<@@|im_end|>"}}'),
