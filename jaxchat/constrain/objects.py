@@ -110,14 +110,12 @@ def _any_order_grammar(fmt_json: str) -> str:
         pieces.append(piece)
     required = set(schema.get("required", []))
     if style == "qwen_xml":
-        lead, sep = "ws", "ws"
-        top = "root ::= s0e ws"
+        top, comma = "root ::= s0e ws", "c ::= ws"
     else:
-        lead, sep = "ws", 'ws "," ws'
-        top = 'root ::= "{" s0e ws "}"'
-    start, states = any_order_rules(pieces, [k in required for k in schema["properties"]], lead, sep, "s")
+        top, comma = 'root ::= "{" s0e ws "}"', 'c ::= ws "," ws'
+    start, states = any_order_rules(pieces, [k in required for k in schema["properties"]], "ws", "c", "s")
     assert start == "s0e"
-    own = [top, *states, f"ws ::= {ws}", *lines]
+    own = [top, *states, comma, f"ws ::= {ws}", *lines]
     return "\n".join(reachable(own, ["root"]))
 
 
