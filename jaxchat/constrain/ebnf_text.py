@@ -5,10 +5,10 @@ Contract:
   lines, as xgrammar's `TagDispatch(...)` does).
 - `rule_references(body)` and `rename_references(body, mapping)` see rule names only outside string
   literals and character classes, so a schema's enum value that spells a rule name stays intact.
-- `RulePool` imports several printed grammars into one rule set: each grammar's rules are renamed
-  (`x_NAME` when an identical rule, references included, was already imported, so the JSON string
-  rules every property schema repeats are written once; `x{i}_NAME` otherwise) and the renamed
-  rules come back with the mapping. `reachable(lines, roots)` drops the rules no root uses.
+- `RulePool` imports several printed grammars into one rule set under short fresh names (`x0`,
+  `x1`, ...; short because the text is the compiled-grammar cache key of every request); a rule
+  identical to one imported before (same name and body, every rule it uses identical too) is
+  written once, so the JSON string rules that every property's grammar repeats appear once. `reachable(lines, roots)` drops the rules no root uses.
 """
 
 from __future__ import annotations
@@ -58,33 +58,34 @@ def rename_references(body: str, mapping: dict[str, str]) -> str:
 
 
 class RulePool:
-    """Printed grammars imported under fresh names, rules shared where identical."""
+    """Printed grammars imported under short fresh names (`x0`, `x1`, ...), rules shared where identical."""
 
     def __init__(self) -> None:
-        self.shared: dict[str, str] = {}  # original name -> body, of the rules written as x_NAME
+        self.shared: dict[str, tuple[str, str]] = {}  # original name -> (body, new name) of shared rules
         self.count = 0
 
-    def add(self, text: str, keep_apart=lambda name: False) -> tuple[dict[str, str], list[str]]:
-        """Import one printed grammar: (original name -> new name, new rule lines). Rules for which
-        `keep_apart(name)` holds are never shared (the grammar's own root rules)."""
-        rules = grammar_rules(text)
-        index = self.count
+    def _fresh(self) -> str:
         self.count += 1
-        candidates = {n for n, b in rules.items() if not keep_apart(n) and self.shared.get(n, b) == b}
+        return f"x{self.count - 1}"
+
+    def add(self, text: str, keep_apart=lambda name: False) -> tuple[dict[str, str], list[str]]:
+        """Import one printed grammar: (original name -> new name, new rule lines). A rule is shared
+        when an identical one (same name, same body, every rule it uses shared too) was imported
+        before; rules for which `keep_apart(name)` holds (the grammar's own root rules) never are."""
+        rules = grammar_rules(text)
+        candidates = {n for n, b in rules.items() if not keep_apart(n) and self.shared.get(n, (b,))[0] == b}
         changed = True
         while changed:  # a rule is shared only if every rule it uses is shared too
             unshared = {n for n in candidates if any(r in rules and r not in candidates for r in rule_references(rules[n]))}
             candidates -= unshared
             changed = bool(unshared)
-        mapping = {n: f"x_{n}" if n in candidates else f"x{index}_{n}" for n in rules}
-        lines = []
-        for name, body in rules.items():
-            if name in candidates:
-                if name in self.shared:
-                    continue
-                self.shared[name] = body
-            lines.append(f"{mapping[name]} ::= {rename_references(body, mapping)}")
-        return mapping, lines
+        fresh = [n for n in rules if n not in candidates or n not in self.shared]
+        mapping = {n: self.shared[n][1] for n in candidates if n in self.shared}
+        mapping.update((n, self._fresh()) for n in fresh)
+        for n in fresh:
+            if n in candidates:
+                self.shared[n] = (rules[n], mapping[n])
+        return mapping, [f"{mapping[n]} ::= {rename_references(rules[n], mapping)}" for n in fresh]
 
 
 def reachable(lines: list[str], roots: list[str]) -> list[str]:

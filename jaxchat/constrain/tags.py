@@ -26,6 +26,7 @@ prompt (`tools_enabled` false) or the format has no tool-call syntax (`plain`); 
 
 from __future__ import annotations
 
+import functools
 import json
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
@@ -113,7 +114,7 @@ def string_excludes(markers) -> list[str]:
     return out
 
 
-def _json(spec: ChatFormatSpec, schema, style: str = "json", excludes=()) -> dict:
+def _json(spec: ChatFormatSpec | None, schema, style: str = "json", excludes=()) -> dict:
     """JSON (or a builtin argument style) of `schema`, bounded, with `excludes` kept out of strings."""
     fmt = {"type": "json_schema", "json_schema": bounded_schema(schema), "max_whitespace_cnt": MAX_WS}
     if style != "json":
@@ -144,8 +145,14 @@ def content_markers(spec: ChatFormatSpec, request: ConstraintRequest) -> tuple[s
 
 def _arguments(spec: ChatFormatSpec, params: dict, style: str = "json") -> dict:
     """A tool's arguments: its schema's top-level properties in any order (`objects.py`), values as
-    the builtin style constrains them, the call's markers kept out of strings."""
-    return any_order_arguments(_json(spec, params, style, argument_markers(spec)))
+    the builtin style constrains them, the call's markers kept out of strings. Cached by schema (the
+    same tools come with every request of a conversation); the returned dict is shared, read-only."""
+    return _cached_arguments(json.dumps(params, ensure_ascii=False), style, argument_markers(spec))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...]) -> dict:
+    return any_order_arguments(_json(None, json.loads(params_json), style, markers))
 
 
 def _params(tool: dict) -> dict:
