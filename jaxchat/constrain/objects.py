@@ -22,7 +22,8 @@ allowed (`additionalProperties` true or a schema), any top-level keyword other t
 `properties`, `required`, `additionalProperties: false`, `$defs` / `definitions` and annotations
 (combinators, `patternProperties`, property counts and dependencies change which sets of keys are
 valid), a required name that is not a property, a `$ref` outside `#/$defs/` and `#/definitions/`,
-or a property piece xgrammar prints in an unexpected shape.
+a property xgrammar cannot build alone (its error then comes from the declared-order format when
+it is compiled), or a property piece xgrammar prints in an unexpected shape.
 """
 
 from __future__ import annotations
@@ -96,8 +97,11 @@ def _any_order_grammar(fmt_json: str) -> str:
     pool, lines, pieces = RulePool(), [], []
     for key, sub in schema["properties"].items():
         one = {"type": "object", "properties": {key: sub}, "required": [key], "additionalProperties": False, **defs}
-        printed = str(xgr.Grammar.from_structural_tag(json.dumps(
-            {"type": "structural_tag", "format": {**fmt, "json_schema": one}}, ensure_ascii=False)))
+        try:
+            printed = str(xgr.Grammar.from_structural_tag(json.dumps(
+                {"type": "structural_tag", "format": {**fmt, "json_schema": one}}, ensure_ascii=False)))
+        except RuntimeError as e:  # e.g. a `false` property schema: the declared-order format says so itself
+            raise _Unsupported(f"property {key!r}: {e}") from e
         rules = grammar_rules(printed)
         root = _root_body(rules)
         shape = _OBJECT_SHAPES[style].fullmatch(rules.get(root, ""))

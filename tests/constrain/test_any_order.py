@@ -139,6 +139,7 @@ def _fmt(schema: dict, style: str = "json") -> dict:
 
 
 TWO = {"a": {"type": "string"}, "b": {"type": "integer"}}
+_BYTES = xgr.TokenizerInfo([bytes([i]).decode("latin-1") for i in range(256)], xgr.VocabType.RAW)
 
 
 @pytest.mark.parametrize("schema", [
@@ -167,6 +168,30 @@ def test_eligible_schemas_become_grammars(style):
     xgr.Grammar.from_ebnf(out["grammar"])
 
 
+def _bytes_accept(fmt: dict, text: str) -> bool:
+    tag = json.dumps({"type": "structural_tag", "format": fmt})
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(_BYTES).compile_structural_tag(tag))
+    return matcher.accept_string(text.encode()) and matcher.is_completed()
+
+
+def test_unusual_keys_and_values():
+    """Keys that need escaping or are not identifiers, unions, and recursive `$defs` keep working."""
+    schema = {"type": "object", "properties": {
+        "my-key": {"type": "string"}, "with space": {"type": ["integer", "null"]}, "ünï": {"type": "boolean"},
+        'a"b': {"anyOf": [{"type": "string"}, {"type": "integer"}]}, "tree": {"$ref": "#/$defs/node"}},
+        "required": ["ünï"], "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}}
+    grammar = any_order_arguments(_fmt(schema))
+    assert grammar["type"] == "grammar"
+    assert _bytes_accept(grammar, '{"tree": {"next": {}}, "a\\"b": 3, "ünï": true, "with space": null, "my-key": "x"}')
+    assert not _bytes_accept(grammar, '{"my-key": "x", "with space": 1}')  # ünï is required
+    assert not _bytes_accept(grammar, '{"ünï": true, "with space": 1, "with space": 2}')
+
+
+def test_a_property_xgrammar_cannot_build_keeps_the_declared_format():
+    fmt = _fmt({"type": "object", "properties": {"a": False, "b": {"type": "integer"}}})
+    assert any_order_arguments(fmt) is fmt
+
+
 def test_additional_properties_keep_todays_declared_order(qwen25):
     tool = {"type": "function", "function": {"name": "open", "parameters": {
         "type": "object", "properties": TWO, "additionalProperties": True}}}
@@ -189,9 +214,6 @@ def test_tags_use_the_any_order_grammar():
 
 
 # -- the subset-state rules, checked exhaustively on single-letter fragments -------------------------
-
-_BYTES = xgr.TokenizerInfo([bytes([i]).decode("latin-1") for i in range(256)], xgr.VocabType.RAW)
-
 
 def _language_ok(seq: tuple[str, ...], required: set[str], group_of: dict[str, int]) -> bool:
     groups = [group_of[s] for s in seq]
