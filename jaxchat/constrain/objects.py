@@ -1,7 +1,7 @@
 """Tool arguments in any order: a `json_schema` format rewritten so that its top-level properties may
 come in any order.
 
-Contract: `any_order_arguments(fmt)` takes the structural-tag `json_schema` format of a tool's
+Contract: `any_order_arguments(fmt, group_size=MAX_ANY_ORDER)` takes the structural-tag `json_schema` format of a tool's
 arguments (style "json", "qwen_xml" or "gemma", with its `excludes` and `max_whitespace_cnt`) and
 returns a `grammar` format that accepts the schema's top-level properties in any order, each at
 most once, all required ones present, no other property, and every value exactly as the original
@@ -34,7 +34,7 @@ import re
 
 import xgrammar as xgr
 
-from jaxchat.constrain.any_order import any_order_rules
+from jaxchat.constrain.any_order import MAX_ANY_ORDER, any_order_rules
 from jaxchat.constrain.ebnf_text import RulePool, grammar_rules, reachable, rename_references
 
 _ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples", "default", "deprecated",
@@ -53,12 +53,13 @@ class _Unsupported(Exception):
     """The any-order grammar does not apply; the declared-order format stays."""
 
 
-def any_order_arguments(fmt: dict) -> dict:
-    """The any-order `grammar` format equivalent to the `json_schema` format `fmt`, or `fmt` itself."""
+def any_order_arguments(fmt: dict, group_size: int = MAX_ANY_ORDER) -> dict:
+    """The any-order `grammar` format equivalent to the `json_schema` format `fmt`, or `fmt` itself;
+    `group_size` is the bound (exact any order up to that many properties)."""
     if not _eligible(fmt.get("json_schema")):
         return fmt
     try:
-        grammar = _any_order_grammar(json.dumps(fmt, ensure_ascii=False))
+        grammar = _any_order_grammar(json.dumps(fmt, ensure_ascii=False), group_size)
     except _Unsupported:
         return fmt
     return {"type": "grammar", "grammar": grammar}
@@ -86,7 +87,7 @@ def _local_refs_only(value) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _any_order_grammar(fmt_json: str) -> str:
+def _any_order_grammar(fmt_json: str, group_size: int) -> str:
     fmt = json.loads(fmt_json)
     schema, style = fmt["json_schema"], fmt.get("style", "json")
     if style not in _OBJECT_SHAPES:
@@ -117,7 +118,8 @@ def _any_order_grammar(fmt_json: str) -> str:
         top, comma = "root ::= s0e ws", "c ::= ws"
     else:
         top, comma = 'root ::= "{" s0e ws "}"', 'c ::= ws "," ws'
-    start, states = any_order_rules(pieces, [k in required for k in schema["properties"]], "ws", "c", "s")
+    start, states = any_order_rules(pieces, [k in required for k in schema["properties"]], "ws", "c", "s",
+                                    group_size)
     assert start == "s0e"
     own = [top, *states, comma, f"ws ::= {ws}", *lines]
     return "\n".join(reachable(own, ["root"]))

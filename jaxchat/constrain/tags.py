@@ -17,9 +17,14 @@ the request asked for. Layout:
 
 Per-tool tags follow xgrammar's builtin styles (hermes_json = `qwen_3`, qwen_xml = `qwen_3_coder`,
 gemma4 = `gemma_4`, harmony = `harmony`); LFM2's Python call lists are EBNF built by
-`jaxchat.constrain.pyargs.argument_list_rules`. JSON arguments and content are bounded: integers
-and numbers to 16 integer digits (via a schema range; xgrammar then allows 6 fraction digits),
-whitespace runs to `MAX_WS` characters. Marker strings never appear inside free text or strings.
+`jaxchat.constrain.pyargs.argument_list_rules`. Tool arguments (`_arguments`) admit the schema's
+top-level properties in any order, each at most once, every required one present, no other one
+(`jaxchat.constrain.objects.any_order_arguments` for the styles, pyargs for LFM2): exact up to
+`any_order.MAX_ANY_ORDER` properties, any order within groups of that many above, the declared
+order where the schema allows extra properties or constrains which key sets are valid; nested
+objects and the response_format's JSON keep the declared order. JSON arguments and content are
+bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then allows 6
+fraction digits), whitespace runs to `MAX_WS` characters. Marker strings never appear inside free text or strings.
 `RequestError` (400) for tool_choice required / named when the template leaves tools out of the
 prompt (`tools_enabled` false) or the format has no tool-call syntax (`plain`); auto drops them.
 """
