@@ -16,10 +16,11 @@ Every state rule holds only rule references, so the compiled grammar's per-posit
 n * 2^(n-1) alternatives per group of n.
 
 Rules (`P` is `prefix`, `g` a group, `m` a bit mask of the group's fragments written so far):
-    P{g}e      entering group g, nothing written yet:   fragment without `lead`... or skip the group
-    P{g}c      entering group g after something:       `sep` fragment ... or skip the group
-    P{g}_{m}   inside group g with m written:           `sep` another fragment ... or leave the group
-A group may be skipped or left only once all its required fragments are written.
+    P{g}e     entering group g, nothing written yet:  `lead` a fragment P{g}_{bit}  | skip the group
+    P{g}c     entering group g after other groups:    `sep` a fragment P{g}_{bit}   | skip the group
+    P{g}_{m}  inside group g, m written:              `sep` a fragment not in m ...  | leave the group
+A group may be skipped or left only once all its required fragments are written; past the last
+group (`P{G}e`, `P{G}c`) nothing more is written.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Tool arguments in any order: a `json_schema` format rewritten so that its top-level properties may
 come in any order.
 
-Contract: `any_order_arguments(fmt, group_size=MAX_ANY_ORDER)` takes the structural-tag `json_schema` format of a tool's
-arguments (style "json", "qwen_xml" or "gemma", with its `excludes` and `max_whitespace_cnt`) and
-returns a `grammar` format that accepts the schema's top-level properties in any order, each at
+Contract: `any_order_arguments(fmt, group_size=MAX_ANY_ORDER)` takes the structural-tag
+`json_schema` format of a tool's arguments (style "json", "qwen_xml" or "gemma", with its
+`excludes` and `max_whitespace_cnt`) and returns a `grammar` format that accepts the schema's top-level properties in any order, each at
 most once, all required ones present, no other property, and every value exactly as the original
 format constrains it (nested objects keep their declared order). See `any_order.py` for the bound:
 up to `MAX_ANY_ORDER` properties exact, above it any order within consecutive groups of that many.
