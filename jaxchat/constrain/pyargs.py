@@ -6,8 +6,8 @@ list of (name, parameters schema). All argument lists and nested dicts come from
 `argument_list_rules()`: required properties required, optional ones skippable, none twice,
 values typed from the schema; a call's keyword arguments in any order (exact up to
 `any_order.MAX_ANY_ORDER` of them, any order within groups of that many above), a nested dict's
-entries in declared order (as xgrammar writes nested JSON objects). The Python literals written are the subset
-`jaxchat.chat`'s relaxed-args dialect reads: double- or single-quoted strings (escapes \\" \\' \\\\ \\n \\r \\t;
+entries in declared order (as xgrammar writes nested JSON objects). The Python literals written
+are the subset `jaxchat.chat`'s relaxed-args dialect reads: double- or single-quoted strings (escapes \\" \\' \\\\ \\n \\r \\t;
 `<|` is never written, so no marker can appear in a string), integers and decimals bounded to 16
 digits each side of the point, True/False/None, lists, dicts with string keys. String enums and
 consts are spelled out; integer/number ranges reuse xgrammar's own range grammar; whitespace is at

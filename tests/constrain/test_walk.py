@@ -2,10 +2,12 @@
 
 For each format x tool_choice mode x response_format (x reasoning on/off where the format reasons),
 every walk's text must parse with `chat_parse` into calls whose names satisfy the mode and whose
-arguments validate against the tool's schema (no key twice), and into JSON content that validates under
-json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
+arguments validate against the tool's schema (no key twice), and into JSON content that validates
+under json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
 combination covered, the whole tests/constrain directory in about 2 minutes on 2 cores; the
 acceptance run uses 200). Seeds are a CRC of the combination, so a failure reproduces.
+`test_walks_write_arguments_in_any_order` checks that the walks do write a named call's arguments
+in orders other than the declared one (the tools' properties may come in any order).
 """
 
 from __future__ import annotations
@@ -93,6 +95,37 @@ def check(spec, request, text: str, finished: bool) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,reasoning,vocab_name,mode,rf,think", list(_cases()))
+def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, think):
+    spec = chat_format_make(kind, reasoning=reasoning)
+    request = make_request(mode, rf, reasoning=think, tools=kind != "plain" or mode != "none")
+    if kind == "plain" and mode == "auto":
+        request = make_request("none", rf, reasoning=think)
+    if chat_structural_tag(spec, request) is None:
+        pytest.skip("nothing to constrain")
+    v = vocab(vocab_name)
+    prefill = "assistant" if kind == "harmony" else chat_format_prefill(spec, "<|im_start|>assistant\n")
+    markers = marker_sequences(v, spec)
+    failures = []
+    closing = closing_sequences(v, spec)
+    seed = zlib.crc32(repr((kind, reasoning, mode, rf, think)).encode()) & 0xFFFF  # stable across runs
+    for i in range(WALKS):
+        constraint = v.engine.make(spec, request, prefill)
+        end = v.encode(spec.reasoning_end) if spec.reasoning_end else None
+        ids, finished = walk(v, constraint, markers, np.random.default_rng(seed + i), MAX_STEPS, end, closing)
+        assert not constraint.disabled, constraint.given_up_reason
+        text = output_text(v, ids)
+        full = ("" if kind == "harmony" else prefill) + text
+        problems = check(spec, request, full, finished)
+        if problems:
+            failures.append((i, full, problems))
+    assert not failures, "\n".join(f"walk {i}: {p}\n  text={t!r}" for i, t, p in failures[:5])
+
+
+ORDER_WALKS = 4
+
+
 def _walk_text(v, spec, request, prefill: str, seed: int) -> tuple[str, bool]:
     """One seeded walk: (prefill + generated text as the parser reads it, finished)."""
     constraint = v.engine.make(spec, request, prefill)
@@ -105,29 +138,6 @@ def _walk_text(v, spec, request, prefill: str, seed: int) -> tuple[str, bool]:
 
 def _prefill(spec) -> str:
     return "assistant" if spec.kind == "harmony" else chat_format_prefill(spec, "<|im_start|>assistant\n")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kind,reasoning,vocab_name,mode,rf,think", list(_cases()))
-def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, think):
-    spec = chat_format_make(kind, reasoning=reasoning)
-    request = make_request(mode, rf, reasoning=think, tools=kind != "plain" or mode != "none")
-    if kind == "plain" and mode == "auto":
-        request = make_request("none", rf, reasoning=think)
-    if chat_structural_tag(spec, request) is None:
-        pytest.skip("nothing to constrain")
-    v = vocab(vocab_name)
-    failures = []
-    seed = zlib.crc32(repr((kind, reasoning, mode, rf, think)).encode()) & 0xFFFF  # stable across runs
-    for i in range(WALKS):
-        full, finished = _walk_text(v, spec, request, _prefill(spec), seed + i)
-        problems = check(spec, request, full, finished)
-        if problems:
-            failures.append((i, full, problems))
-    assert not failures, "\n".join(f"walk {i}: {p}\n  text={t!r}" for i, t, p in failures[:5])
-
-
-ORDER_WALKS = 4
 
 
 @pytest.mark.slow
