@@ -3,9 +3,11 @@
 Contract: `python_calls_grammar(tools, single)` returns an EBNF grammar (root rule `root`) for the
 inside of an LFM2 call list: one call when `single`, else calls separated by `, `; `tools` is a
 list of (name, parameters schema). All argument lists and nested dicts come from ONE helper,
-`argument_list_rules()`: declared properties in their declared order, required ones required,
-optional ones skippable, values typed from the schema. The Python literals written are the subset
-`jaxchat.chat`'s relaxed-args dialect reads: double- or single-quoted strings (escapes \\" \\' \\\\ \\n \\r \\t;
+`argument_list_rules()`: required properties required, optional ones skippable, none twice,
+values typed from the schema; a call's keyword arguments in any order (exact up to
+`any_order.MAX_ANY_ORDER` of them, any order within groups of that many above), a nested dict's
+entries in declared order (as xgrammar writes nested JSON objects). The Python literals written
+are the subset `jaxchat.chat`'s relaxed-args dialect reads: double- or single-quoted strings (escapes \\" \\' \\\\ \\n \\r \\t;
 `<|` is never written, so no marker can appear in a string), integers and decimals bounded to 16
 digits each side of the point, True/False/None, lists, dicts with string keys. String enums and
 consts are spelled out; integer/number ranges reuse xgrammar's own range grammar; whitespace is at
@@ -21,6 +23,8 @@ import json
 import re
 
 import xgrammar as xgr
+
+from jaxchat.constrain.any_order import MAX_ANY_ORDER, any_order_rules
 
 _BASE = r"""
 ws1 ::= " "?
@@ -148,24 +152,20 @@ class _Rules:
         return self.add(self.new(hint), f'"[" {body} "]"' if lo > 0 else f'"[" ({body})? "]"')
 
 
-def argument_list_rules(rules: _Rules, schema: dict, name: str, key_rule) -> str:
-    """Rules for the properties of an object schema in declared order; returns the list expression.
+def argument_list_rules(rules: _Rules, schema: dict, name: str, key_rule, group_size: int = 1) -> str:
+    """Rules for the properties of an object schema; returns the list's rule name.
 
     `key_rule(key)` spells one key as EBNF: `"city="` for call keywords, `"\\"city\\":" ws1` for
-    dict entries. Required properties must appear; optional ones may be skipped; a separator
-    goes between two present ones. Two rule chains (before/after the first present property) keep
-    the grammar linear in the number of properties.
+    dict entries. Required properties must appear, optional ones may be skipped, none twice, a
+    separator between two present ones. `group_size` 1 is the declared order; larger groups admit
+    any order within consecutive groups of that many properties (`any_order.any_order_rules`).
     """
     props = list((schema.get("properties") or {}).items())
     required = set(schema.get("required") or ())
-    first, after = [f"{name}_f{i}" for i in range(len(props) + 1)], [f"{name}_a{i}" for i in range(len(props) + 1)]
-    rules.add(first[-1], '""')
-    rules.add(after[-1], '""')
-    for i, (key, sub) in enumerate(props):
-        kv = key_rule(key) + " " + rules.value(sub, key)
-        rules.add(after[i], f"sep {kv} {after[i + 1]}" + ("" if key in required else f" | {after[i + 1]}"))
-        rules.add(first[i], f"{kv} {after[i + 1]}" + ("" if key in required else f" | {first[i + 1]}"))
-    return first[0]
+    pieces = [rules.add(f"{name}_p{i}", key_rule(key) + " " + rules.value(sub, key)) for i, (key, sub) in enumerate(props)]
+    start, lines = any_order_rules(pieces, [key in required for key, _ in props], "", "sep", f"{name}_", group_size)
+    rules.lines.extend(lines)
+    return start
 
 
 def python_calls_grammar(tools: list[tuple[str, dict]], single: bool) -> str:
@@ -175,7 +175,7 @@ def python_calls_grammar(tools: list[tuple[str, dict]], single: bool) -> str:
     for name, schema in tools:
         rules.defs = {**(schema.get("$defs") or {}), **(schema.get("definitions") or {})}
         rule = rules.new(name)
-        args = argument_list_rules(rules, schema, rule, _kwarg_key)
+        args = argument_list_rules(rules, schema, rule, _kwarg_key, MAX_ANY_ORDER)
         calls.append(rules.add(rule, json.dumps(name + "(") + f" {args} " + '")"'))
     call = " | ".join(calls)
     root = f"root ::= ({call})" + ("" if single else f" (sep ({call}))*")

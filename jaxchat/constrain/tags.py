@@ -18,18 +18,26 @@ the request asked for. Layout:
 Per-tool tags follow xgrammar's builtin styles (hermes_json = `qwen_3`, qwen_xml = `qwen_3_coder`,
 gemma4 = `gemma_4`, harmony = `harmony`); LFM2's Python call lists are EBNF built by
 `jaxchat.constrain.pyargs.argument_list_rules`; the calls of llama3_json, mistral and deepseek_v3
-are composed by `jaxchat.constrain.tags_json_calls` around the JSON arguments built here. JSON arguments and content are bounded: integers
-and numbers to 16 integer digits (via a schema range; xgrammar then allows 6 fraction digits),
-whitespace runs to `MAX_WS` characters. Marker strings never appear inside free text or strings.
+are composed by `jaxchat.constrain.tags_json_calls` around the arguments built here. Tool arguments
+(`_arguments`) admit the schema's top-level properties in any order, each at most once, every
+required one present, no other one (`jaxchat.constrain.objects.any_order_arguments` for the styles,
+pyargs for LFM2): exact up to `any_order.MAX_ANY_ORDER` properties, any order within groups of that
+many above, the declared order where the schema allows extra properties or constrains which key sets
+are valid; nested objects and the response_format's JSON keep the declared order. JSON arguments and
+content are bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then
+allows 6 fraction digits), whitespace runs to `MAX_WS` characters. Marker strings never appear
+inside free text or strings.
 `RequestError` (400) for tool_choice required / named when the template leaves tools out of the
 prompt (`tools_enabled` false) or the format has no tool-call syntax (`plain`); auto drops them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
+from jaxchat.constrain.objects import any_order_arguments
 from jaxchat.constrain.pyargs import python_calls_grammar
 from jaxchat.constrain.tags_json_calls import KINDS as JSON_CALL_KINDS
 from jaxchat.constrain.tags_json_calls import call_tags, calls_format
@@ -118,7 +126,7 @@ def string_excludes(markers) -> list[str]:
     return out
 
 
-def _json(spec: ChatFormatSpec, schema, style: str = "json", excludes=()) -> dict:
+def _json(spec: ChatFormatSpec | None, schema, style: str = "json", excludes=()) -> dict:
     """JSON (or a builtin argument style) of `schema`, bounded, with `excludes` kept out of strings."""
     fmt = {"type": "json_schema", "json_schema": bounded_schema(schema), "max_whitespace_cnt": MAX_WS}
     if style != "json":
@@ -147,6 +155,18 @@ def content_markers(spec: ChatFormatSpec, request: ConstraintRequest) -> tuple[s
     return (*spec.stop_markers, *spec.extra_stops, reasoning, opener)
 
 
+def _arguments(spec: ChatFormatSpec, params: dict, style: str = "json") -> dict:
+    """A tool's arguments: its schema's top-level properties in any order (`objects.py`), values as
+    the builtin style constrains them, the call's markers kept out of strings. Cached by schema (the
+    same tools come with every request of a conversation); the returned dict is shared, read-only."""
+    return _cached_arguments(json.dumps(params, ensure_ascii=False), style, argument_markers(spec))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...]) -> dict:
+    return any_order_arguments(_json(None, json.loads(params_json), style, markers))
+
+
 def _params(tool: dict) -> dict:
     params = tool["function"].get("parameters")
     return params if isinstance(params, dict) else {"type": "object", "properties": {}}
@@ -157,19 +177,18 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     name = tool["function"]["name"]
     params = _params(tool)
     ts, te = spec.tool_start, spec.tool_end
-    excl = argument_markers(spec)
     if spec.kind in JSON_CALL_KINDS:
-        return call_tags(spec, name, _json(spec, params, excludes=excl))
+        return call_tags(spec, name, _arguments(spec, params))
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
         begin = ts + '\n{"name": ' + json.dumps(name) + ', "arguments": '
-        return [_tag(begin, _json(spec, params, excludes=excl), "}\n" + te)]
+        return [_tag(begin, _arguments(spec, params), "}\n" + te)]
     if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"; the newline before </function> is the content's
         # trailing whitespace, so a call without parameters may be `<function=NAME>\n</function>`
-        return [_tag(f"{ts}\n<function={name}>\n", _json(spec, params, "qwen_xml", excl), f"</function>\n{te}")]
+        return [_tag(f"{ts}\n<function={name}>\n", _arguments(spec, params, "qwen_xml"), f"</function>\n{te}")]
     if spec.kind == "gemma4":  # xgrammar "gemma_4"
-        return [_tag(f"{ts}call:{name}", _json(spec, params, "gemma", excl), te)]
+        return [_tag(f"{ts}call:{name}", _arguments(spec, params, "gemma"), te)]
     if spec.kind == "harmony":  # xgrammar "harmony", plus the spacing gpt-oss emits
-        content = _json(spec, params, excludes=excl)
+        content = _arguments(spec, params)
         heads = (
             f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
             f"<|channel|>commentary to=functions.{name}<|constrain|>json<|message|>",

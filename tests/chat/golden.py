@@ -56,6 +56,8 @@ TOOLS = (
 )
 
 NESTED_ARGS = {"query": "Zürich 天気 🌤 \"quoted\"", "filters": {"tags": ["a", "b c"], "limit": 5, "exact": True, "lang": None}}
+# get_weather's arguments in another order than the schema declares (city, days, unit).
+OUT_OF_ORDER_ARGS = {"unit": "f", "days": 3, "city": "Paris"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def _tag_family(spec: ChatFormatSpec, call, call_block, think_prefill: str) -> l
            content="Checking both.", calls=[("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
         _g(spec, "empty_arguments", "", call_block([call("get_time", {})]), calls=[("get_time", {})]),
         _g(spec, "nested_unicode", "", call_block([call("search", NESTED_ARGS)]), calls=[("search", NESTED_ARGS)]),
+        _g(spec, "arguments_out_of_order", "", call_block([call("get_weather", OUT_OF_ORDER_ARGS)]),
+           calls=[("get_weather", OUT_OF_ORDER_ARGS)]),
         _g(spec, "call_inside_reasoning", think_prefill,
            f"Maybe {spec.tool_start}nothing{spec.tool_end} here.\n{r_close}\nThe answer is 4.",
            reasoning=f"Maybe {spec.tool_start}nothing{spec.tool_end} here.", content="The answer is 4."),
@@ -192,6 +196,8 @@ def _harmony() -> list[Golden]:
         _g(s, "nested_unicode", "assistant",
            "<|channel|>commentary to=functions.search <|constrain|>json<|message|>" + json.dumps(NESTED_ARGS) + "<|call|>",
            calls=[("search", NESTED_ARGS)]),
+        _g(s, "arguments_out_of_order", "assistant", "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+           + json.dumps(OUT_OF_ORDER_ARGS) + "<|call|>", calls=[("get_weather", OUT_OF_ORDER_ARGS)]),
         _g(s, "call_inside_reasoning", "assistant",
            "<|channel|>analysis<|message|>Maybe call functions.get_time? No.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.<|return|>",
            reasoning="Maybe call functions.get_time? No.", content="It is 4."),

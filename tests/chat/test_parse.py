@@ -33,6 +33,13 @@ def test_golden_transcript(golden: Golden):
     _check_expected(golden, chat_parse(golden.spec, golden.text, False, OPTIONS))
 
 
+@pytest.mark.parametrize("golden", [g for g in GOLDEN if g.name == "arguments_out_of_order"], ids=lambda g: g.id)
+def test_arguments_keep_the_written_order(golden: Golden):
+    """Arguments come out in the order the model wrote them, whatever order the schema declares."""
+    msg = chat_parse(golden.spec, golden.text, False, OPTIONS)
+    assert [list(json.loads(c.arguments)) for c in msg.tool_calls] == [list(args) for _, args in golden.calls]
+
+
 def _assert_prefix(prev: ChatMsg, cur: ChatMsg, where: str, calls: bool = True) -> None:
     assert cur.reasoning_content.startswith(prev.reasoning_content), where
     assert cur.content.startswith(prev.content), where

@@ -2,10 +2,12 @@
 
 For each format x tool_choice mode x response_format (x reasoning on/off where the format reasons),
 every walk's text must parse with `chat_parse` into calls whose names satisfy the mode and whose
-arguments validate against the tool's schema, and into JSON content that validates under
-json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
+arguments validate against the tool's schema (no key twice), and into JSON content that validates
+under json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
 combination covered, the whole tests/constrain directory in about 2 minutes on 2 cores; the
 acceptance run uses 200). Seeds are a CRC of the combination, so a failure reproduces.
+`test_walks_write_arguments_in_any_order` checks that the walks do write a named call's arguments
+in orders other than the declared one (the tools' properties may come in any order).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def _cases():
                 yield pytest.param(kind, reasoning, vocab, mode, rf, think, id=f"{kind}-{vocab}-{mode}-{rf}-think{int(think)}")
 
 
+def _unique_keys(pairs: list) -> dict:
+    """`json.loads` hook: a repeated key is an error (json.loads would keep the last one silently)."""
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"repeated key in {keys}")
+    return dict(pairs)
+
+
 def check(spec, request, text: str, finished: bool) -> list[str]:
     """Problems with one walk's output; [] when it agrees with the request."""
     parse_calls = request.tool_choice != "none" and bool(request.tools) and spec.has_tools
@@ -79,7 +89,7 @@ def check(spec, request, text: str, finished: bool) -> list[str]:
             problems.append(f"call of {call.name!r} not allowed")
             continue
         try:
-            jsonschema.validate(json.loads(call.arguments), allowed[call.name])
+            jsonschema.validate(json.loads(call.arguments, object_pairs_hook=_unique_keys), allowed[call.name])
         except (ValueError, jsonschema.ValidationError) as e:
             problems.append(f"arguments of {call.name} {call.arguments!r}: {str(e)[:200]}")
     if request.response_format != "text" and not calls:
@@ -118,3 +128,39 @@ def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, t
         if problems:
             failures.append((i, full, problems))
     assert not failures, "\n".join(f"walk {i}: {p}\n  text={t!r}" for i, t, p in failures[:5])
+
+
+ORDER_WALKS = 4
+
+
+def _walk_text(v, spec, request, prefill: str, seed: int) -> tuple[str, bool]:
+    """One seeded walk: (prefill + generated text as the parser reads it, finished)."""
+    constraint = v.engine.make(spec, request, prefill)
+    end = v.encode(spec.reasoning_end) if spec.reasoning_end else None
+    ids, finished = walk(v, constraint, marker_sequences(v, spec), np.random.default_rng(seed), MAX_STEPS, end,
+                         closing_sequences(v, spec))
+    assert not constraint.disabled, constraint.given_up_reason
+    return ("" if spec.kind == "harmony" else prefill) + output_text(v, ids), finished
+
+
+def _prefill(spec) -> str:
+    return "assistant" if spec.kind == "harmony" else chat_format_prefill(spec, "<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,reasoning,vocab_name", [f for f in FORMATS if f[0] != "plain"],
+                         ids=[f"{k}-{v}" for k, _, v in FORMATS if k != "plain"])
+def test_walks_write_arguments_in_any_order(vocab, kind, reasoning, vocab_name):
+    """Named `search` (query and score required, tags optional): the walks agree with the parser and
+    write its arguments in some order other than the declared one."""
+    spec = chat_format_make(kind, reasoning=reasoning)
+    request = make_request("named", reasoning=False)
+    declared = list(request.callable_tools[0]["function"]["parameters"]["properties"])
+    v = vocab(vocab_name)
+    orders = []
+    for i in range(ORDER_WALKS):
+        full, finished = _walk_text(v, spec, request, _prefill(spec), zlib.crc32(kind.encode()) + i)
+        assert not check(spec, request, full, finished), full
+        msg = chat_parse(spec, full, False, ChatParseOptions(tools=request.tools))
+        orders += [list(json.loads(call.arguments)) for call in msg.tool_calls]
+    assert any(keys != [k for k in declared if k in keys] for keys in orders), orders
