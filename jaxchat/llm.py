@@ -4,7 +4,8 @@ Contract: `LLM(model=None, limits=Limits())` loads a model (the default model wh
 engine; `.chat(messages, tools=..., tool_choice=..., response_format=..., stream=False)` returns the
 same `chat.completion` dict the server returns (or, with `stream=True`, an iterator of the same chunk
 dicts); `.generate(prompt, max_tokens=..., temperature=0.0, ignore_eos=False)` returns a `Completion`
-with `.text` and `.token_ids`. Requests are read by the same `jaxchat.api` readers, with the same
+with `.text` and `.token_ids` (its other keyword arguments are the sampling fields of
+`jaxchat.api.Sampling`; any other is a TypeError). Requests are read by the same `jaxchat.api` readers, with the same
 `Limits`, as the server's, so a bad call raises `jaxchat.chat.RequestError` naming the field.
 `LLM.from_service(service)` wraps an already built pipeline. Only `jaxchat.api` is used: no starlette.
 """
@@ -14,9 +15,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from jaxchat.api import ChatService, Limits, build_chat_service, parse_chat_request, parse_completion_request
+from jaxchat.api import (
+    ChatService,
+    Limits,
+    Sampling,
+    build_chat_service,
+    parse_chat_request,
+    parse_completion_request,
+)
+
+# `generate`'s keyword arguments beyond its named ones: the sampling fields (stop, seed, top_p, ...)
+GENERATE_OPTIONS = frozenset(f.name for f in fields(Sampling)) - {"max_tokens", "temperature", "ignore_eos", "logprobs"}
 
 
 @dataclass
@@ -79,6 +90,9 @@ class LLM:
 
     def generate(self, prompt: str | list[int], max_tokens: int = 64, temperature: float = 0.0,
                  ignore_eos: bool = False, **sampling) -> Completion:
+        unknown = sorted(set(sampling) - GENERATE_OPTIONS)
+        if unknown:
+            raise TypeError(f"generate() got unexpected keyword arguments {unknown}; it takes {sorted(GENERATE_OPTIONS)}")
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
                 **sampling}
         request = parse_completion_request(body, self.limits, self.service.max_context)

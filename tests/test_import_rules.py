@@ -2,9 +2,10 @@
 
 Two checks, each of which can fail on its own:
 - Statically, every `import` statement in every module (inside functions too) is read with `ast`:
-  each package may import only the `jaxchat` packages its row of DESIGN.md's table allows, and the
-  module graph (an edge per imported module; `from pkg import name` is an edge to `pkg.name` when that
-  is a module, else to `pkg`) has no cycle.
+  each package may import only the `jaxchat` packages its row of DESIGN.md's table allows, none of
+  the libraries it must not load (starlette in `jaxchat.api` and `jaxchat.llm`, jax in the server,
+  ...), and the module graph (an edge per imported module; `from pkg import name` is an edge to
+  `pkg.name` when that is a module, else to `pkg`) has no cycle.
 - At run time, each package is imported in a fresh interpreter whose import system refuses the
   third-party modules it must not load, so an indirect import (through another package) fails too.
 """
@@ -107,6 +108,28 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def external_roots(path: Path) -> set[str]:
+    """The top-level names of the non-jaxchat modules that `path` imports anywhere in its source."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out - {"jaxchat"}
+
+
+def forbidden_external_imports(root: Path) -> list[str]:
+    out = []
+    for module, path in sorted(module_names(root).items()):
+        part = next((p for p in BLOCKED if module == p or module.startswith(p + ".")), None)
+        if part is None:
+            continue
+        banned = {b for b in BLOCKED[part] if not b.startswith("jaxchat")}
+        out.extend(f"{module} imports {name}" for name in sorted(external_roots(path) & banned))
+    return out
+
+
 def part_of(module: str) -> str | None:
     return next((p for p in ALLOWED if module == p or module.startswith(p + ".")), None)
 
@@ -135,6 +158,10 @@ def test_each_part_imports_only_what_design_allows():
     assert forbidden_imports(GRAPH) == []
 
 
+def test_no_part_imports_a_forbidden_library_even_lazily():
+    assert forbidden_external_imports(PACKAGE) == []
+
+
 def test_the_checks_catch_what_they_forbid(tmp_path):
     pkg = tmp_path / "jaxchat"
     for name, source in {
@@ -145,6 +172,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path):
         "chat/parse.py": "from .segments import cut\n",
         "chat/segments.py": "def g():\n    from jaxchat.chat.parse import x\n",
         "server/__init__.py": "import starlette\nfrom jaxchat.engine import step\n",
+        "api/__init__.py": "def serve():\n    from starlette.applications import Starlette\n",
     }.items():
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text(source)
@@ -154,6 +182,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path):
     assert forbidden_imports(graph) == ["jaxchat.engine.step imports jaxchat.chat.parse",
                                         "jaxchat.server imports jaxchat.engine.step"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert forbidden_external_imports(pkg) == ["jaxchat.api imports starlette"]
 
 
 # ---- what each package loads when imported ----------------------------------------------------------

@@ -19,7 +19,8 @@ positive and within the context (`max_completion_tokens` wins), `temperature` 0.
 > 0, `seed` a 64-bit integer, `stop` a string or at most `limits.max_stop` non-empty strings,
 `ignore_eos` a boolean, `stop_token_ids` non-negative integers; for chat `logprobs` a boolean and
 `top_logprobs` 0..`limits.max_top_logprobs` with `logprobs: true`; for completions `prompt` a
-string or a list of token ids (or a one-item list of either), `echo` a boolean, `logprobs` 0..5.
+string or a list of token ids (or a one-item list of either), `echo` a boolean, `logprobs`
+0..`limits.max_completion_logprobs`.
 
 The checks that need the model (the rendered prompt's length, a template without tools) are the
 service's (`jaxchat.api.service`).
@@ -194,19 +195,20 @@ def parse_chat_request(raw: object, limits: Limits | None = None, max_context: i
 def _prompt(raw: object, limits: Limits) -> str | tuple[int, ...]:
     if raw is None:
         raise RequestError("prompt", "missing required field: prompt (a string or an array of token ids)")
+    param = "prompt"
     if isinstance(raw, list) and raw and all(isinstance(p, (str, list)) for p in raw):
         if len(raw) > limits.max_prompt_items:
             raise RequestError("prompt", f"at most {limits.max_prompt_items} prompt(s) per request, got {len(raw)}")
-        raw = raw[0]
+        raw, param = raw[0], "prompt[0]"
     if isinstance(raw, str):
         return raw
     if not isinstance(raw, list):
-        raise RequestError("prompt", f"expected a string or an array of token ids, got {got(raw)}")
+        raise RequestError(param, f"expected a string or an array of token ids, got {got(raw)}")
     if not raw:
-        raise RequestError("prompt", "prompt must not be empty")
+        raise RequestError(param, "prompt must not be empty")
     for i, tok in enumerate(raw):
         if not is_int(tok) or tok < 0:
-            raise RequestError(f"prompt[{i}]", f"expected a non-negative token id, got {got(tok)}")
+            raise RequestError(f"{param}[{i}]", f"expected a non-negative token id, got {got(tok)}")
     return tuple(raw)
 
 
@@ -222,5 +224,5 @@ def parse_completion_request(raw: object, limits: Limits | None = None,
     n = expect_int(body.get("n"), "n", 1, limits.max_n, 1)
     sampling = _sampling(body, limits, max_context, None, COMPLETION_MAX_TOKENS)
     echo = expect_bool(body.get("echo"), "echo", False)
-    logprobs = expect_int(body.get("logprobs"), "logprobs", 0, 5)
+    logprobs = expect_int(body.get("logprobs"), "logprobs", 0, limits.max_completion_logprobs)
     return CompletionRequest(prompt, sampling, model, n, stream, include_usage, echo, logprobs)

@@ -5,17 +5,16 @@ Contract: `ChatService(engine, model_id, grammar=None)` takes requests already r
 request is rendered with the model's own template, tokenised, given a prefill and a constraint built
 from the model's one `ChatFormatSpec`, run through the engine, and read back by the same spec's
 parser: once for a plain response, incrementally (`ChatStream`) for a stream, so both modes agree by
-construction. An output cut before the model ended its turn (max_tokens, a stop string, a stop token
-of the request's) is read as the stream read it, so a tool call it cut keeps its name and the arguments
-generated so far and none of its markup becomes content; under tool_choice "required" or named,
-`content` is null. The 400s that need the model are raised here, before any output: a template that cannot
-render tools under `tool_choice` "required"/named, no chat template, a prompt the tokenizer cannot
-encode, one that is empty after tokenisation or does not fit the context. `chat_completion` / `completion` return the response dict
+construction. When tool calls are parsed, an output cut before the model ended its turn is read as the
+stream read it (`jaxchat.api.cut`); under tool_choice "required" or named, `content` is null. The
+400s that need the model are raised here, before any output: a template that cannot render tools
+under `tool_choice` "required"/named or refuses the messages, no chat template, a prompt the tokenizer
+cannot encode, one that is empty after tokenisation or does not fit the context. `chat_completion` / `completion` return the response dict
 (with `usage`); `chat_completion_stream` / `completion_stream` return a `ChunkStream` whose `usage`
 is set when the response is complete; errors found before the first chunk are raised on the first
 `__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
-aborts its engine requests. `generate(request)` runs a completion request to the end and returns its
-text and token ids (the notebook API's `generate`); `close()` stops the engine.
+aborts its engine requests. Text completions (`completion`, `completion_stream`, `generate`) are
+`jaxchat.api.completions.TextCompletions`; `close()` stops the engine.
 """
 
 from __future__ import annotations
@@ -23,30 +22,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from jaxchat.api import shapes
 from jaxchat.api.chunk_stream import ChunkStream
-from jaxchat.api.request import ChatRequest, CompletionRequest, Sampling
+from jaxchat.api.completions import TextCompletions
+from jaxchat.api.cut import cut_finish_reason, was_cut
+from jaxchat.api.request import ChatRequest, Sampling
 from jaxchat.chat import (
     ChatParseOptions,
     ChatStream,
     ChatTemplate,
     ConstraintRequest,
     RequestError,
-    chat_finish_reason,
+    TemplateError,
     chat_format_detect,
     chat_format_prefill,
     chat_parse,
 )
 from jaxchat.chat.detect import is_token_from_vocab
 from jaxchat.chat.stream import new_tool_call_id
-from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from jaxchat.engine.types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("jaxchat")
 
 PROMPT_TAIL_TOKENS = 32
-GENERATION_FAILED = shapes.error_body("generation failed", "server_error")  # details stay in the server log
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Generated:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
-class ChatService:
+class ChatService(TextCompletions):
     def __init__(self, engine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
         self.engine = engine
         self.model_id = model_id
@@ -109,8 +109,11 @@ class ChatService:
         kwargs.setdefault("enable_thinking", constraint.allow_reasoning)
         if constraint.reasoning_effort:
             kwargs.setdefault("reasoning_effort", constraint.reasoning_effort)
-        prompt = self.template.render(list(request.messages), tools=tools or None, add_generation_prompt=True,
-                                      **kwargs)
+        try:
+            prompt = self.template.render(list(request.messages), tools=tools or None, add_generation_prompt=True,
+                                          **kwargs)
+        except TemplateError as exc:  # the template refused these messages (e.g. roles that do not alternate)
+            raise RequestError("messages", f"the model's chat template cannot render these messages: {exc}") from None
         prompt_ids = self._checked_prompt(self._encode(prompt, "messages", False), "messages")
         tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
         options = ChatParseOptions(parse_tool_calls=bool(tools) and constraint.tool_choice != "none",
@@ -134,15 +137,12 @@ class ChatService:
         return prompt_ids
 
     def _sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
+        """The engine's parameters: `max_tokens` within the room the prompt leaves; the format's turn-end
+        markers join the request's stop tokens unless `ignore_eos` asks for an exact length."""
         room = self.max_context - prompt_len
-        return SamplingParams(
-            max_tokens=min(s.max_tokens, room) if s.max_tokens else room,
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
-            repetition_penalty=s.repetition_penalty, seed=s.seed, stop=s.stop,
-            stop_token_ids=tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids)),
-            ignore_eos=s.ignore_eos, logprobs=s.logprobs,
-        )
+        stops = s.stop_token_ids if s.ignore_eos else tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids))
+        return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
+                                 "stop_token_ids": stops})
 
     def _constraint(self, prepared: PreparedChat):
         if self.grammar is None:
@@ -178,14 +178,13 @@ class ChatService:
                     raise RuntimeError(f"generation failed: {out.error}")  # logged by the server, never sent
         return Generated("".join(parts), tokens, finish, logprobs, n_tokens, stop_reason)
 
-    def _was_cut(self, prepared: PreparedChat, finish: str | None, stop_reason) -> bool:
-        """Whether the output ended before the model ended its turn: by max_tokens, a stop string or one
-        of the request's own stop tokens. A cut output is read as the stream read it (a partial parse:
-        a call cut short keeps its name and the arguments so far, and no markup becomes content)."""
-        cut = finish == "length" or (finish == "stop" and (isinstance(stop_reason, str) or (
-            stop_reason in prepared.sampling.stop_token_ids and stop_reason not in self.stop_token_ids
-            and stop_reason not in self.engine.eos_token_ids)))
-        if cut and prepared.options.parse_tool_calls:
+    def _was_cut(self, request: ChatRequest, prepared: PreparedChat, finish: str | None, stop_reason) -> bool:
+        """Whether to read the output as cut (`jaxchat.api.cut`): only when tool calls are parsed, so a
+        plain reply keeps every character; logged once per choice."""
+        turn_ends = (*self.stop_token_ids, *self.engine.eos_token_ids)
+        cut = prepared.options.parse_tool_calls and was_cut(finish, stop_reason, request.sampling.stop_token_ids,
+                                                            turn_ends)
+        if cut:
             log.info("output cut before the end of the turn (finish_reason %s, stop %r): read as streamed",
                      finish, stop_reason)
         return cut
@@ -200,13 +199,13 @@ class ChatService:
         results = await asyncio.gather(*(self._collect(r) for r in gens))
         choices, completion_tokens, reasoning_tokens = [], 0, 0
         for index, result in enumerate(results):
-            cut = self._was_cut(prepared, result.finish_reason, result.stop_reason)
+            cut = self._was_cut(request, prepared, result.finish_reason, result.stop_reason)
             msg = chat_parse(self.spec, prepared.prefill + result.text, cut, prepared.options)
             for call in msg.tool_calls:
                 call.id = new_tool_call_id()
             completion_tokens += result.num_tokens
             reasoning_tokens += self._count_tokens(msg.reasoning_content)
-            choices.append(shapes.chat_choice(index, msg, chat_finish_reason(msg, result.finish_reason),
+            choices.append(shapes.chat_choice(index, msg, cut_finish_reason(msg, result.finish_reason, cut),
                                               shapes.logprobs_json(self.tokenizer, result.logprobs),
                                               calls_only=_calls_only(prepared)))
         usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
@@ -231,10 +230,10 @@ class ChatService:
             while done < len(gens):
                 index, out = await queue.get()
                 if isinstance(out, BaseException):
-                    yield GENERATION_FAILED
+                    yield shapes.generation_failed()
                     return
                 parser = parsers[index]
-                cut = out.finished and self._was_cut(prepared, out.finish_reason, out.stop_reason)
+                cut = out.finished and self._was_cut(request, prepared, out.finish_reason, out.stop_reason)
                 deltas = parser.update(out.text, out.finished and out.finish_reason != "error" and not cut)
                 logprobs = shapes.logprobs_json(self.tokenizer, out.logprobs)
                 for delta in deltas:
@@ -245,11 +244,11 @@ class ChatService:
                 done += 1
                 if out.finish_reason == "error":
                     log.error("request failed: %s", out.error)
-                    yield GENERATION_FAILED
+                    yield shapes.generation_failed()
                     return
                 completion_tokens += out.num_generated_tokens
                 reasoning_tokens += self._count_tokens(parser.parsed.reasoning_content)
-                yield factory.delta(index, {}, chat_finish_reason(parser.parsed, out.finish_reason))
+                yield factory.delta(index, {}, cut_finish_reason(parser.parsed, out.finish_reason, cut))
             stream.usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
             if request.include_usage:
                 yield factory.usage_chunk(stream.usage)
@@ -266,43 +265,6 @@ class ChatService:
         except Exception as exc:  # a failure of this request only
             log.exception("request failed")
             queue.put_nowait((index, exc))
-
-    # ---- text completions ----------------------------------------------------------------------------
-    def _prepare_completion(self, request: CompletionRequest) -> tuple[list[int], SamplingParams]:
-        prompt = request.prompt
-        ids = list(prompt) if isinstance(prompt, tuple) else self._encode(prompt, "prompt", True)
-        ids = self._checked_prompt(ids, "prompt")
-        return ids, self._sampling(request.sampling, len(ids))
-
-    async def completion(self, request: CompletionRequest) -> dict:
-        ids, sampling = self._prepare_completion(request)
-        results = await asyncio.gather(*(self._collect(g) for g in self._requests(ids, sampling, request.n)))
-        choices = [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
-                   for i, r in enumerate(results)]
-        usage = shapes.usage(len(ids), sum(r.num_tokens for r in results))
-        return shapes.text_completion(shapes.new_id("cmpl"), self.model_id, choices, usage)
-
-    def completion_stream(self, request: CompletionRequest) -> ChunkStream:
-        return ChunkStream(lambda stream: self._completion_chunks(request, stream))
-
-    async def _completion_chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        ids, sampling = self._prepare_completion(request)
-        rid = shapes.new_id("cmpl")
-        generated = 0
-        async for out in self.engine.generate(GenerationRequest(list(ids), sampling)):
-            if out.finished and out.finish_reason == "error":
-                log.error("request failed: %s", out.error)
-                yield GENERATION_FAILED
-                return
-            generated = out.num_generated_tokens or generated
-            yield shapes.text_completion(rid, self.model_id, [_text_choice(out)], None, chunk=True)
-        stream.usage = shapes.usage(len(ids), generated)
-        if request.include_usage:
-            yield shapes.text_completion(rid, self.model_id, [], stream.usage, chunk=True)
-
-    async def generate(self, request: CompletionRequest) -> Generated:
-        ids, sampling = self._prepare_completion(request)
-        return await self._collect(GenerationRequest(ids, sampling))
 
     def close(self) -> None:
         """Stop the engine (idempotent)."""
@@ -326,7 +288,3 @@ def _calls_only(prepared: PreparedChat) -> bool:
 
 def _text(token) -> str:
     return token if isinstance(token, str) else ""
-
-
-def _text_choice(out: GenerationOutput) -> dict:
-    return {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason if out.finished else None}

@@ -19,6 +19,11 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def generation_failed() -> dict:
+    """The error item that ends a stream whose generation failed; the details stay in the server log."""
+    return error_body("generation failed", "server_error")
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 

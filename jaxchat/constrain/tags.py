@@ -203,7 +203,7 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
     """Tool calls: with `at_least_one`, one or more calls separated by a newline and nothing else;
     otherwise free text in which the tool opener triggers a call."""
     if spec.kind in JSON_CALL_KINDS:
-        arguments = [(t["function"]["name"], _json(spec, _params(t), excludes=argument_markers(spec))) for t in tools]
+        arguments = [(t["function"]["name"], _arguments(spec, _params(t))) for t in tools]
         return calls_format(spec, arguments, at_least_one, single, excludes)
     if spec.kind == "lfm2":
         grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)

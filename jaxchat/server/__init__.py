@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server: Starlette routes, auth, body limits, SSE framing, errors, metrics.
 
 Contract: HTTP only. A body is read by `jaxchat.api` (the typed request, every 400) and handed to an
-injected `ChatService` (see `protocol`); this package never imports jax, flax, xgrammar,
-`jaxchat.models` or the engine. `create_app` builds the app, `serve` runs it under uvicorn (imported
+injected `ChatService` (see `protocol`); this package imports only `jaxchat.api` and starlette, never
+jax, flax, xgrammar or `jaxchat.models` (the engine's public types, which `jaxchat.api` uses, load
+with numpy alone). `create_app` builds the app, `serve` runs it under uvicorn (imported
 lazily so the app loads without uvicorn).
 """
 

@@ -2,8 +2,8 @@
 
 Contract
 --------
-`jaxchat.server` imports `jaxchat.api` and starlette, never jax, flax, xgrammar, `jaxchat.models` or
-the engine. The pipeline reaches it as an injected object implementing `ChatService` (the real one is
+`jaxchat.server` imports `jaxchat.api` and starlette, never jax, flax, xgrammar or `jaxchat.models`
+(nor the engine itself: only its public types reach it, through `jaxchat.api`). The pipeline reaches it as an injected object implementing `ChatService` (the real one is
 `jaxchat.api.ChatService`; tests use a scripted fake). What the server guarantees to it:
 
 * A request arrives already read by `jaxchat.api.parse_chat_request` / `parse_completion_request`

@@ -1,0 +1,80 @@
+"""`/v1/completions` on the serving pipeline: a prompt (text or token ids) in, the engine's text out.
+
+Contract: `TextCompletions` is the part of `ChatService` that serves `CompletionRequest`s (it uses the
+service's tokenizer, prompt checks, sampling and engine). `completion(request)` returns a
+`text_completion` with `n` choices; `completion_stream(request)` a `ChunkStream` of `text_completion`
+chunks (each carries one choice's `index`; `n` choices interleave as the engine produces them), its
+`usage` set at the end and sent as a last chunk only with `include_usage`; `echo` puts the prompt's
+text before each choice's text. A failure after the first chunk is one error chunk that ends the
+stream. `generate(request)` runs one choice to its end (the notebook API's `generate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from jaxchat.api import shapes
+from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.request import CompletionRequest
+from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+log = logging.getLogger("jaxchat")
+
+__all__ = ["TextCompletions"]
+
+
+class TextCompletions:
+    def _prepare_completion(self, request: CompletionRequest) -> tuple[list[int], SamplingParams, str]:
+        """(prompt ids, the engine's sampling parameters, the text `echo` puts first)."""
+        prompt = request.prompt
+        ids = list(prompt) if isinstance(prompt, tuple) else self._encode(prompt, "prompt", True)
+        ids = self._checked_prompt(ids, "prompt")
+        echo = "" if not request.echo else prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)
+        return ids, self._sampling(request.sampling, len(ids)), echo
+
+    async def completion(self, request: CompletionRequest) -> dict:
+        ids, sampling, echo = self._prepare_completion(request)
+        results = await asyncio.gather(*(self._collect(g) for g in self._requests(ids, sampling, request.n)))
+        choices = [_choice(i, echo + r.text, r.finish_reason) for i, r in enumerate(results)]
+        usage = shapes.usage(len(ids), sum(r.num_tokens for r in results))
+        return shapes.text_completion(shapes.new_id("cmpl"), self.model_id, choices, usage)
+
+    def completion_stream(self, request: CompletionRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._completion_chunks(request, stream))
+
+    async def _completion_chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        ids, sampling, echo = self._prepare_completion(request)
+        rid = shapes.new_id("cmpl")
+        gens = self._requests(ids, sampling, request.n)
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
+        generated, done, started = [0] * len(gens), 0, [False] * len(gens)
+        try:
+            while done < len(gens):
+                index, out = await queue.get()
+                if isinstance(out, BaseException) or (out.finished and out.finish_reason == "error"):
+                    log.error("request failed: %s", getattr(out, "error", out))
+                    yield shapes.generation_failed()
+                    return
+                text = out.text if started[index] else echo + out.text
+                started[index] = True
+                generated[index] = out.num_generated_tokens or generated[index]
+                done += out.finished
+                finish = out.finish_reason if out.finished else None
+                yield shapes.text_completion(rid, self.model_id, [_choice(index, text, finish)], None, chunk=True)
+            stream.usage = shapes.usage(len(ids), sum(generated))
+            if request.include_usage:
+                yield shapes.text_completion(rid, self.model_id, [], stream.usage, chunk=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def generate(self, request: CompletionRequest):
+        ids, sampling, _ = self._prepare_completion(request)
+        return await self._collect(GenerationRequest(ids, sampling))
+
+
+def _choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
