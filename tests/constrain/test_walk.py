@@ -153,7 +153,8 @@ def _prefill(spec) -> str:
 def test_walks_write_arguments_in_any_order(vocab, kind, reasoning, vocab_name):
     """Named `search` (query and score required, tags optional): the walks agree with the parser and
     write its arguments in some order other than the declared one."""
-    spec = chat_format_make(kind, reasoning=reasoning)
+    name, _, variant = kind.partition(":")
+    spec = chat_format_make(name, reasoning=reasoning, variant=variant)
     request = make_request("named", reasoning=False)
     declared = list(request.callable_tools[0]["function"]["parameters"]["properties"])
     v = vocab(vocab_name)
