@@ -14,7 +14,8 @@ cannot encode, one that is empty after tokenisation or does not fit the context.
 is set when the response is complete; errors found before the first chunk are raised on the first
 `__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
 aborts its engine requests. Text completions (`completion`, `completion_stream`, `generate`) are
-`jaxchat.api.completions.TextCompletions`; `close()` stops the engine.
+`jaxchat.api.completions.TextCompletions`; the Responses API (`response`, `response_stream`) is
+`jaxchat.api.responses.ResponsesApi`; `close()` stops the engine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.completions import TextCompletions
 from jaxchat.api.cut import cut_finish_reason, was_cut
 from jaxchat.api.request import ChatRequest, Sampling
+from jaxchat.api.responses import ResponsesApi
 from jaxchat.chat import (
     ChatMsg,
     ChatParseOptions,
@@ -72,7 +74,7 @@ class Generated:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
-class ChatService(TextCompletions):
+class ChatService(TextCompletions, ResponsesApi):
     def __init__(self, engine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
         self.engine = engine
         self.model_id = model_id
