@@ -1,8 +1,9 @@
-"""The wire APIs without HTTP: OpenAI chat completions and completions, read once into typed requests.
+"""The wire APIs without HTTP: OpenAI chat completions, completions and Responses, read once into typed requests.
 
 Contract: `parse_chat_request(body, limits)` / `parse_completion_request(body, limits)` raise every
 400 about a body (`jaxchat.chat.RequestError`) and return frozen `ChatRequest` / `CompletionRequest`
-values; `Limits` is the one place a bound is stated; `ChatService` (`service`) runs a typed request
+values (`parse_responses_request` a `ResponsesRequest` around a `ChatRequest`); `Limits` is the
+one place a bound is stated; `ChatService` (`service`) runs a typed request
 through template, tokenizer, grammar, engine and parser and returns OpenAI shapes (`shapes`);
 `build_chat_service` loads a model and builds that pipeline. `RequestError` is the chat library's
 (a 400 naming its `param`), re-exported for the layers above. This package never imports starlette,
@@ -19,6 +20,7 @@ from jaxchat.api.request import (
     parse_chat_request,
     parse_completion_request,
 )
+from jaxchat.api.responses_request import ResponsesRequest, parse_responses_request
 from jaxchat.api.service import ChatService
 from jaxchat.chat.errors import RequestError
 
@@ -29,9 +31,11 @@ __all__ = [
     "CompletionRequest",
     "Limits",
     "RequestError",
+    "ResponsesRequest",
     "Sampling",
     "build_chat_service",
     "model_id_for",
     "parse_chat_request",
     "parse_completion_request",
+    "parse_responses_request",
 ]

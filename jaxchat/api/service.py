@@ -14,7 +14,8 @@ cannot encode, one that is empty after tokenisation or does not fit the context.
 is set when the response is complete; errors found before the first chunk are raised on the first
 `__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
 aborts its engine requests. Text completions (`completion`, `completion_stream`, `generate`) are
-`jaxchat.api.completions.TextCompletions`; `close()` stops the engine.
+`jaxchat.api.completions.TextCompletions`; the Responses API (`response`, `response_stream`) is
+`jaxchat.api.responses.ResponsesApi`; `close()` stops the engine.
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
 
 from jaxchat.api import shapes
+from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.completions import TextCompletions
 from jaxchat.api.cut import cut_finish_reason, was_cut
 from jaxchat.api.request import ChatRequest, Sampling
+from jaxchat.api.responses import ResponsesApi
 from jaxchat.chat import (
+    ChatMsg,
     ChatParseOptions,
-    ChatStream,
     ChatTemplate,
     ConstraintRequest,
     RequestError,
@@ -71,7 +74,7 @@ class Generated:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
-class ChatService(TextCompletions):
+class ChatService(TextCompletions, ResponsesApi):
     def __init__(self, engine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
         self.engine = engine
         self.model_id = model_id
@@ -193,20 +196,27 @@ class ChatService(TextCompletions):
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     # ---- chat completions ----------------------------------------------------------------------------
-    async def chat_completion(self, request: ChatRequest) -> dict:
+    async def complete_chat(self, request: ChatRequest) -> tuple[PreparedChat, list[tuple[ChatMsg, str | None, Generated]]]:
+        """Run every choice to its end and parse it once: (prepared, [(message, finish reason, result)])."""
         prepared = self.prepare_chat(request)
         gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
         results = await asyncio.gather(*(self._collect(r) for r in gens))
-        choices, completion_tokens, reasoning_tokens = [], 0, 0
-        for index, result in enumerate(results):
+        choices = []
+        for result in results:
             cut = self._was_cut(request, prepared, result.finish_reason, result.stop_reason)
             msg = chat_parse(self.spec, prepared.prefill + result.text, cut, prepared.options)
             for call in msg.tool_calls:
                 call.id = new_tool_call_id()
+            choices.append((msg, cut_finish_reason(msg, result.finish_reason, cut), result))
+        return prepared, choices
+
+    async def chat_completion(self, request: ChatRequest) -> dict:
+        prepared, results = await self.complete_chat(request)
+        choices, completion_tokens, reasoning_tokens = [], 0, 0
+        for index, (msg, finish, result) in enumerate(results):
             completion_tokens += result.num_tokens
             reasoning_tokens += self._count_tokens(msg.reasoning_content)
-            choices.append(shapes.chat_choice(index, msg, cut_finish_reason(msg, result.finish_reason, cut),
-                                              shapes.logprobs_json(self.tokenizer, result.logprobs),
+            choices.append(shapes.chat_choice(index, msg, finish, shapes.logprobs_json(self.tokenizer, result.logprobs),
                                               calls_only=_calls_only(prepared)))
         usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
@@ -215,46 +225,29 @@ class ChatService(TextCompletions):
         return ChunkStream(lambda stream: self._chat_chunks(request, stream))
 
     async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        prepared = self.prepare_chat(request)  # raises before the first chunk
+        run = ChatRun(self, request)  # raises before the first chunk
         factory = shapes.ChunkFactory(self.model_id, request.include_usage)
-        gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
-        queue: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
-        parsers = [ChatStream(self.spec, prepared.options) for _ in gens]
-        for parser in parsers:
-            parser.update(prepared.prefill, False)
-        completion_tokens, reasoning_tokens, done = 0, 0, 0
+        completion_tokens, reasoning_tokens = 0, 0
         try:
-            for index in range(len(gens)):
-                yield factory.delta(index, {"role": "assistant", "content": None if _calls_only(prepared) else ""})
-            while done < len(gens):
-                index, out = await queue.get()
-                if isinstance(out, BaseException):
-                    yield shapes.generation_failed()
-                    return
-                parser = parsers[index]
-                cut = out.finished and self._was_cut(request, prepared, out.finish_reason, out.stop_reason)
-                deltas = parser.update(out.text, out.finished and out.finish_reason != "error" and not cut)
-                logprobs = shapes.logprobs_json(self.tokenizer, out.logprobs)
-                for delta in deltas:
-                    yield factory.delta(index, shapes.delta_json(delta), logprobs=logprobs)
+            for index in range(len(run.parsers)):
+                yield factory.delta(index, {"role": "assistant", "content": None if run.calls_only else ""})
+            async for update in run.updates():
+                logprobs = shapes.logprobs_json(self.tokenizer, update.logprobs)
+                for delta in update.deltas:
+                    yield factory.delta(update.index, shapes.delta_json(delta), logprobs=logprobs)
                     logprobs = None
-                if not out.finished:
-                    continue
-                done += 1
-                if out.finish_reason == "error":
-                    log.error("request failed: %s", out.error)
+                if update.failed:
                     yield shapes.generation_failed()
                     return
-                completion_tokens += out.num_generated_tokens
-                reasoning_tokens += self._count_tokens(parser.parsed.reasoning_content)
-                yield factory.delta(index, {}, cut_finish_reason(parser.parsed, out.finish_reason, cut))
-            stream.usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
+                if update.finished:
+                    completion_tokens += update.num_tokens
+                    reasoning_tokens += update.reasoning_tokens
+                    yield factory.delta(update.index, {}, update.finish_reason)
+            stream.usage = shapes.usage(run.prompt_tokens, completion_tokens, reasoning_tokens)
             if request.include_usage:
                 yield factory.usage_chunk(stream.usage)
         finally:
-            for task in tasks:
-                task.cancel()
+            run.cancel()
 
     async def _pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue) -> None:
         try:

@@ -3,10 +3,11 @@
 Contract
 --------
 `create_app(service, api_key=None, limits=Limits())` returns a Starlette app with
-`POST /v1/chat/completions` and `POST /v1/completions` (JSON, or SSE with `stream: true`),
+`POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/responses` (the Responses API)
+(JSON, or SSE with `stream: true`),
 `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
 through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read once by
-`jaxchat.api.parse_chat_request` / `parse_completion_request` (every 400) into the typed request the
+`jaxchat.api.parse_chat_request` / `parse_completion_request` / `parse_responses_request` (every 400) into the typed request the
 service takes; a `model` other than `service.model_id` is a 404 `model_not_found`
 (an absent `model` means the served one). With an `api_key`, every route but `/health` needs
 `Authorization: Bearer <key>` (compared in constant time), else 401. Every error, including unknown
@@ -29,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from jaxchat.api import Limits, parse_chat_request, parse_completion_request
+from jaxchat.api import Limits, parse_chat_request, parse_completion_request, parse_responses_request
 from jaxchat.server.body import read_json_object
 from jaxchat.server.errors import ApiError, error_for_exception
 from jaxchat.server.metrics import CONTENT_TYPE, Metrics
@@ -138,6 +139,12 @@ class _Api:
         return await self.generate(request, started, parse_completion_request, svc.completion,
                                    svc.completion_stream)
 
+    async def responses(self, request: Request, started: float) -> Response:
+        svc = self.service
+        if not hasattr(svc, "response"):
+            raise ApiError(404, "this server's service does not implement the Responses API")
+        return await self.generate(request, started, parse_responses_request, svc.response, svc.response_stream)
+
     async def models(self, request: Request, started: float) -> Response:
         card = {
             "id": self.service.model_id,
@@ -166,6 +173,7 @@ def create_app(service, api_key: str | None = None, limits: Limits | None = None
     routes = [
         Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
         Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
+        Route("/v1/responses", api.endpoint(api.responses), methods=["POST"]),
         Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
         Route("/health", api.endpoint(api.health, public=True), methods=["GET"]),
         Route("/metrics", api.endpoint(api.prometheus), methods=["GET"]),

@@ -22,6 +22,9 @@ What the service guarantees to the server:
   response is complete. Errors found before the first chunk are raised on the first `__anext__()`
   (they become a plain JSON 400, not an SSE stream); a failure after that yields one
   `{"error": {...}}` item and ends.
+* `response` / `response_stream` (optional; without them `/v1/responses` is a 404) take a
+  `jaxchat.api.ResponsesRequest` and return a Responses `response` dict / a `ChunkStream` of
+  Responses events (each a dict with its `type`), under the same rules as the chat methods.
 * `stats()` is cheap and never blocks: at least `running`, `waiting`, `slots_total`, `slots_busy`
   and `compiles` (ints); other numeric entries are exported to `/metrics` as gauges too.
 """

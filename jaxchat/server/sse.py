@@ -11,7 +11,8 @@ the pending `__anext__` is cancelled and the iterator is closed (`aclose()`) at 
 the service learns to abort the request and free its slot, even when no chunk is due for a long
 time (a request still queued). An exception after the first chunk becomes one
 `{"error": {...}}` event (generic text, details in the log) followed by `[DONE]`. Chunks go out as
-the service made them; the stream's `usage` (set by the service when it completes) and the time to
+the service made them (an item with a string `type`, as Responses events have, gets an `event: <type>`
+line before its `data:` line); the stream's `usage` (set by the service when it completes) and the time to
 the first chunk with output go to the metrics.
 `Drain` coordinates shutdown: after `begin(grace)`, in-flight work has `grace` seconds, then
 streams end with a `server_shutdown` error event and non-streamed requests get a 503.
@@ -153,11 +154,17 @@ def _has_output(chunk: dict) -> bool:
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
         if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls") or choice.get("text"):
             return True
-    return False
+    kind = chunk.get("type")
+    return isinstance(kind, str) and kind.startswith("response.") and kind.endswith(".delta")
 
 
 def _event(payload: object) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    """`data: {json}`, after an `event: <type>` line when the item names its type (Responses events)."""
+    data = b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    kind = payload.get("type") if isinstance(payload, dict) else None
+    if isinstance(kind, str) and kind.isascii() and kind.isprintable():
+        return b"event: " + kind.encode("ascii") + b"\n" + data
+    return data
 
 
 async def _next(iterator: AsyncIterator[dict]):
