@@ -173,15 +173,15 @@ def _padded_to(service, body: dict, prompt_len: int) -> dict:
     while lo < hi:  # the largest number of filler words that still fits
         mid = (lo + hi + 1) // 2
         b = {**body, "messages": user("Verdict on this: " + " ok" * mid)}
-        if len(service.prepare_chat(parse_chat_request(b)).prompt_ids) <= prompt_len:
+        if len(service.prepare_chat(parse_chat_request({**b, "stream": True})).prompt_ids) <= prompt_len:
             lo = mid
         else:
             hi = mid - 1
     b = {**body, "messages": user("Verdict on this: " + " ok" * lo)}
-    n = len(service.prepare_chat(parse_chat_request(b)).prompt_ids)
+    n = len(service.prepare_chat(parse_chat_request({**b, "stream": True})).prompt_ids)
     for extra in ("", "!", "!!", "!!!", " !", "?", "??"):
         c = {**body, "messages": user("Verdict on this: " + " ok" * lo + extra)}
-        if len(service.prepare_chat(parse_chat_request(c)).prompt_ids) == prompt_len:
+        if len(service.prepare_chat(parse_chat_request({**c, "stream": True})).prompt_ids) == prompt_len:
             return c
     pytest.fail(f"could not pad the prompt to {prompt_len} tokens (got {n})")
 
@@ -215,12 +215,13 @@ BOMB_TOOL = {"type": "function", "function": {"name": "parser_bomb", "parameters
 
 def _arm_parser_bomb(monkeypatch) -> None:
     """The parser raises for requests that carry the `parser_bomb` tool (streamed and not)."""
+    import jaxchat.api.chat_run as chat_run_mod
     import jaxchat.api.service as service_mod
 
     def armed(options) -> bool:
         return any(t.get("function", {}).get("name") == "parser_bomb" for t in options.tools)
 
-    class BombStream(service_mod.ChatStream):
+    class BombStream(chat_run_mod.ChatStream):
         def __init__(self, spec, options):
             super().__init__(spec, options)
             self._armed, self._calls = armed(options), 0
@@ -238,7 +239,7 @@ def _arm_parser_bomb(monkeypatch) -> None:
             raise RuntimeError("injected parser failure")
         return real_parse(spec, text, is_partial, options, *a, **kw)
 
-    monkeypatch.setattr(service_mod, "ChatStream", BombStream)
+    monkeypatch.setattr(chat_run_mod, "ChatStream", BombStream)
     monkeypatch.setattr(service_mod, "chat_parse", bomb_parse)
 
 
