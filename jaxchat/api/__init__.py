@@ -4,7 +4,8 @@ Contract: `parse_chat_request(body, limits)` / `parse_completion_request(body, l
 400 about a body (`jaxchat.chat.RequestError`) and return frozen `ChatRequest` / `CompletionRequest`
 values; `Limits` is the one place a bound is stated; `ChatService` (`service`) runs a typed request
 through template, tokenizer, grammar, engine and parser and returns OpenAI shapes (`shapes`);
-`build_chat_service` loads a model and builds that pipeline. `RequestError` is the chat library's
+`build_chat_service` loads a model and builds that pipeline. The Anthropic Messages API is read by
+`parse_messages_request` into the same `ChatRequest` and written by `messages_shapes`. `RequestError` is the chat library's
 (a 400 naming its `param`), re-exported for the layers above. This package never imports starlette,
 and importing it does not import jax or xgrammar (only `build_chat_service` does, when called).
 """
@@ -12,6 +13,8 @@ and importing it does not import jax or xgrammar (only `build_chat_service` does
 from jaxchat.api.build import build_chat_service, model_id_for
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.limits import Limits
+from jaxchat.api.messages_request import parse_messages_request
+from jaxchat.api.messages_shapes import error_json as messages_error_json
 from jaxchat.api.request import (
     ChatRequest,
     CompletionRequest,
@@ -31,7 +34,9 @@ __all__ = [
     "RequestError",
     "Sampling",
     "build_chat_service",
+    "messages_error_json",
     "model_id_for",
     "parse_chat_request",
     "parse_completion_request",
+    "parse_messages_request",
 ]

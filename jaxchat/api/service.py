@@ -24,11 +24,12 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
 
-from jaxchat.api import shapes
+from jaxchat.api import messages_shapes, shapes
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.completions import TextCompletions
 from jaxchat.api.cut import cut_finish_reason, was_cut
 from jaxchat.api.request import ChatRequest, Sampling
+from jaxchat.api.steps import ChatReplies, ChatReply, ChatRun, ChoiceStep, GenerationFailed
 from jaxchat.chat import (
     ChatParseOptions,
     ChatStream,
@@ -193,68 +194,103 @@ class ChatService(TextCompletions):
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     # ---- chat completions ----------------------------------------------------------------------------
-    async def chat_completion(self, request: ChatRequest) -> dict:
+    async def chat_replies(self, request: ChatRequest) -> ChatReplies:
+        """Every choice generated and parsed once (`jaxchat.api.steps`)."""
         prepared = self.prepare_chat(request)
         gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
         results = await asyncio.gather(*(self._collect(r) for r in gens))
-        choices, completion_tokens, reasoning_tokens = [], 0, 0
-        for index, result in enumerate(results):
+        replies = []
+        for result in results:
             cut = self._was_cut(request, prepared, result.finish_reason, result.stop_reason)
             msg = chat_parse(self.spec, prepared.prefill + result.text, cut, prepared.options)
             for call in msg.tool_calls:
                 call.id = new_tool_call_id()
-            completion_tokens += result.num_tokens
-            reasoning_tokens += self._count_tokens(msg.reasoning_content)
-            choices.append(shapes.chat_choice(index, msg, cut_finish_reason(msg, result.finish_reason, cut),
-                                              shapes.logprobs_json(self.tokenizer, result.logprobs),
-                                              calls_only=_calls_only(prepared)))
-        usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
+            replies.append(ChatReply(msg, cut_finish_reason(msg, result.finish_reason, cut), result.stop_reason, cut,
+                                     result.num_tokens, self._count_tokens(msg.reasoning_content), result.logprobs))
+        return ChatReplies(len(prepared.prompt_ids), _calls_only(prepared), replies)
+
+    async def chat_completion(self, request: ChatRequest) -> dict:
+        done = await self.chat_replies(request)
+        choices = [shapes.chat_choice(index, r.msg, r.finish_reason, shapes.logprobs_json(self.tokenizer, r.logprobs),
+                                      calls_only=done.calls_only) for index, r in enumerate(done.replies)]
+        usage = shapes.usage(done.prompt_tokens, sum(r.num_tokens for r in done.replies),
+                             sum(r.reasoning_tokens for r in done.replies))
         return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
 
-    def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
-        return ChunkStream(lambda stream: self._chat_chunks(request, stream))
-
-    async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        prepared = self.prepare_chat(request)  # raises before the first chunk
-        factory = shapes.ChunkFactory(self.model_id, request.include_usage)
+    def chat_run(self, request: ChatRequest) -> ChatRun:
+        """The request's steps (`jaxchat.api.steps`); raises the 400s that need the model before any step."""
+        prepared = self.prepare_chat(request)
         gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
+        return ChatRun(len(prepared.prompt_ids), prepared.n, _calls_only(prepared),
+                       self._steps(request, prepared, gens))
+
+    async def _steps(self, request: ChatRequest, prepared: PreparedChat,
+                     gens: list[GenerationRequest]) -> AsyncIterator[ChoiceStep]:
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
         parsers = [ChatStream(self.spec, prepared.options) for _ in gens]
         for parser in parsers:
             parser.update(prepared.prefill, False)
-        completion_tokens, reasoning_tokens, done = 0, 0, 0
+        done = 0
         try:
-            for index in range(len(gens)):
-                yield factory.delta(index, {"role": "assistant", "content": None if _calls_only(prepared) else ""})
             while done < len(gens):
                 index, out = await queue.get()
                 if isinstance(out, BaseException):
-                    yield shapes.generation_failed()
-                    return
+                    raise GenerationFailed("generation failed") from out
                 parser = parsers[index]
                 cut = out.finished and self._was_cut(request, prepared, out.finish_reason, out.stop_reason)
                 deltas = parser.update(out.text, out.finished and out.finish_reason != "error" and not cut)
-                logprobs = shapes.logprobs_json(self.tokenizer, out.logprobs)
-                for delta in deltas:
-                    yield factory.delta(index, shapes.delta_json(delta), logprobs=logprobs)
-                    logprobs = None
                 if not out.finished:
+                    yield ChoiceStep(index, deltas, out.logprobs)
                     continue
                 done += 1
                 if out.finish_reason == "error":
+                    yield ChoiceStep(index, deltas, out.logprobs)
                     log.error("request failed: %s", out.error)
-                    yield shapes.generation_failed()
-                    return
-                completion_tokens += out.num_generated_tokens
-                reasoning_tokens += self._count_tokens(parser.parsed.reasoning_content)
-                yield factory.delta(index, {}, cut_finish_reason(parser.parsed, out.finish_reason, cut))
-            stream.usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
-            if request.include_usage:
-                yield factory.usage_chunk(stream.usage)
+                    raise GenerationFailed("generation failed")
+                yield ChoiceStep(index, deltas, out.logprobs, cut_finish_reason(parser.parsed, out.finish_reason, cut),
+                                 out.stop_reason, out.num_generated_tokens,
+                                 self._count_tokens(parser.parsed.reasoning_content))
         finally:
             for task in tasks:
                 task.cancel()
+
+    def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._chat_chunks(request, stream))
+
+    async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        run = self.chat_run(request)  # raises before the first chunk
+        factory = shapes.ChunkFactory(self.model_id, request.include_usage)
+        completion_tokens, reasoning_tokens = 0, 0
+        try:
+            for index in range(run.n):
+                yield factory.delta(index, {"role": "assistant", "content": None if run.calls_only else ""})
+            async for step in run:
+                logprobs = shapes.logprobs_json(self.tokenizer, step.logprobs)
+                for delta in step.deltas:
+                    yield factory.delta(step.index, shapes.delta_json(delta), logprobs=logprobs)
+                    logprobs = None
+                if step.finish_reason is not None:
+                    completion_tokens += step.num_tokens
+                    reasoning_tokens += step.reasoning_tokens
+                    yield factory.delta(step.index, {}, step.finish_reason)
+        except GenerationFailed:
+            yield shapes.generation_failed()
+            return
+        finally:
+            await run.aclose()
+        stream.usage = shapes.usage(run.prompt_tokens, completion_tokens, reasoning_tokens)
+        if request.include_usage:
+            yield factory.usage_chunk(stream.usage)
+
+    # ---- the Anthropic Messages API (`jaxchat.api.messages_shapes`) ----------------------------------
+    async def messages(self, request: ChatRequest) -> dict:
+        done = await self.chat_replies(request)
+        return messages_shapes.message_json(self.model_id, done.replies[0], done.prompt_tokens, request.sampling.stop)
+
+    def messages_stream(self, request: ChatRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: messages_shapes.message_events(
+            self.model_id, lambda: self.chat_run(request), stream, request.sampling.stop))
 
     async def _pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue) -> None:
         try:

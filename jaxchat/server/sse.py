@@ -5,7 +5,8 @@ Contract
 `SSEStream(chunks, ...)` is an ASGI response over a service's `ChunkStream`. It pulls the first
 chunk before sending headers, so an exception there (a `RequestError` the service raises for what
 only the model can check) is answered as a plain JSON error (400, or a generic 500). After that it writes `data: {json}\n\n` per chunk and
-`data: [DONE]\n\n` at the end, with `Content-Type: text/event-stream` and `Cache-Control: no-cache`.
+`data: [DONE]\n\n` at the end (with `named_events`, as the Anthropic Messages API: `event: {type}`
+before each chunk's data line and no `[DONE]`; `error_shape(ApiError)` writes the error bodies), with `Content-Type: text/event-stream` and `Cache-Control: no-cache`.
 While it waits for the next chunk it also listens for `http.disconnect`: when the client leaves,
 the pending `__anext__` is cancelled and the iterator is closed (`aclose()`) at once, which is how
 the service learns to abort the request and free its slot, even when no chunk is due for a long
@@ -30,7 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.types import Receive, Scope, Send
 
 from jaxchat.api import ChunkStream
-from jaxchat.server.errors import ApiError, error_body, error_for_exception
+from jaxchat.server.errors import ApiError, error_for_exception
 
 __all__ = ["ClientGone", "Drain", "SSEStream", "run_until_gone"]
 
@@ -147,6 +148,8 @@ async def run_until_gone(receive: Receive, aw: Awaitable, drain: Drain):
 
 
 def _has_output(chunk: dict) -> bool:
+    if chunk.get("type") == "content_block_delta":  # an Anthropic Messages event
+        return True
     for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
             continue
@@ -156,8 +159,11 @@ def _has_output(chunk: dict) -> bool:
     return False
 
 
-def _event(payload: object) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+def _event(payload: object, named: bool = False) -> bytes:
+    data = b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    if named and isinstance(payload, dict) and isinstance(payload.get("type"), str):
+        return b"event: " + payload["type"].encode("utf-8") + b"\n" + data
+    return data
 
 
 async def _next(iterator: AsyncIterator[dict]):
@@ -176,8 +182,12 @@ class SSEStream:
         drain: Drain,
         on_end: Callable[[int, dict | None, float | None, float | None, int, bool], None],
         started: float,
+        named_events: bool = False,
+        error_shape: Callable[[ApiError], dict] | None = None,
     ):
         self.iterator = chunks
+        self.named = named_events
+        self.error_shape = error_shape or ApiError.body
         self.drain = drain
         self.on_end = on_end
         self.started = started
@@ -211,30 +221,30 @@ class SSEStream:
             kind, item = await _race(_next(self.iterator), watcher, cut)
         except Exception as exc:  # noqa: BLE001 - validation before the first chunk: a plain JSON error
             err = error_for_exception(exc, "stream")
-            await _send_json(send, err.status, err.body())
+            await _send_json(send, err.status, self.error_shape(err))
             return err.status, False
         if kind == "gone":
             return 499, True
         if kind == "cut":
-            await _send_json(send, 503, error_body(SHUTDOWN_MESSAGE, "server_error", None, "server_shutdown"))
+            await _send_json(send, 503, self.error_shape(_shutdown()))
             return 503, False
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         while True:
             if item is _END:
-                await self._send(send, b"data: [DONE]\n\n", more=False)
+                await self._send(send, b"" if self.named else b"data: [DONE]\n\n", more=False)
                 return 200, False
             await self._emit(send, item)
             try:
                 kind, item = await _race(_next(self.iterator), watcher, cut)
             except Exception as exc:  # noqa: BLE001 - a failure mid-stream: one error event
                 err = error_for_exception(exc, "stream")
-                await self._send(send, _event(err.body()))
+                await self._send(send, _event(self.error_shape(err), self.named))
                 item = _END
                 continue
             if kind == "gone":
                 return 200, True
             if kind == "cut":
-                await self._send(send, _event(error_body(SHUTDOWN_MESSAGE, "server_error", None, "server_shutdown")))
+                await self._send(send, _event(self.error_shape(_shutdown()), self.named))
                 item = _END
 
     async def _emit(self, send: Send, chunk: object) -> None:
@@ -244,14 +254,18 @@ class SSEStream:
             self.last_at = now
             self.outputs += 1
         try:
-            data = _event(chunk)
+            data = _event(chunk, self.named)
         except (TypeError, ValueError) as exc:
-            data = _event(error_for_exception(exc, "stream chunk").body())
+            data = _event(self.error_shape(error_for_exception(exc, "stream chunk")), self.named)
         await self._send(send, data)
 
     @staticmethod
     async def _send(send: Send, data: bytes, more: bool = True) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+def _shutdown() -> ApiError:
+    return ApiError(503, SHUTDOWN_MESSAGE, code="server_shutdown")
 
 
 async def _send_json(send: Send, status: int, body: dict) -> None:
