@@ -13,7 +13,10 @@ cannot encode, one that is empty after tokenisation or does not fit the context.
 (with `usage`); `chat_completion_stream` / `completion_stream` return a `ChunkStream` whose `usage`
 is set when the response is complete; errors found before the first chunk are raised on the first
 `__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
-aborts its engine requests. Text completions (`completion`, `completion_stream`, `generate`) are
+aborts its engine requests. Both modes are written from two cores other APIs share
+(`jaxchat.api.steps`): `chat_replies` (parsed once) and `chat_run` (the stream's `ChoiceStep`s);
+`messages` / `messages_stream` write the Anthropic Messages API from them (`messages_shapes`).
+Text completions (`completion`, `completion_stream`, `generate`) are
 `jaxchat.api.completions.TextCompletions`; `close()` stops the engine.
 """
 

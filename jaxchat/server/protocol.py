@@ -22,6 +22,9 @@ What the service guarantees to the server:
   response is complete. Errors found before the first chunk are raised on the first `__anext__()`
   (they become a plain JSON 400, not an SSE stream); a failure after that yields one
   `{"error": {...}}` item and ends.
+* Optionally `messages` / `messages_stream` (`POST /v1/messages`): a request read by
+  `jaxchat.api.parse_messages_request`, answered with an Anthropic message dict / a `ChunkStream` of
+  Anthropic events (each `type` is its SSE event name), under the same rules.
 * `stats()` is cheap and never blocks: at least `running`, `waiting`, `slots_total`, `slots_busy`
   and `compiles` (ints); other numeric entries are exported to `/metrics` as gauges too.
 """
