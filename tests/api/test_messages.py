@@ -178,6 +178,8 @@ def test_sdk_text(sdk):
     assert message.type == "message" and message.role == "assistant"
     assert [b.text for b in message.content] == ["world"] and message.stop_reason == "end_turn"
     assert message.usage.input_tokens > 0 and message.usage.output_tokens == 1
+    with sdk.messages.stream(model="hermes", max_tokens=16, messages=HELLO, extra_body={"temperature": 0}) as stream:
+        assert _comparable(stream.get_final_message()) == _comparable(message)  # sampling fields as extra_body
 
 
 def test_sdk_tool_use_and_tool_result_round_trip(sdk, live):

@@ -206,9 +206,10 @@ def test_anthropic_sdk_against_real_model(server):
     base, _, _ = server
     client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=600)
     hello = [{"role": "user", "content": "Say hello."}]
-    plain = client.messages.create(model=MODEL, max_tokens=8, messages=hello, temperature=0)
+    greedy = {"temperature": 0}  # the anthropic SDK (2.x) has no temperature argument
+    plain = client.messages.create(model=MODEL, max_tokens=8, messages=hello, extra_body=greedy)
     assert plain.content[0].type == "text" and plain.content[0].text and plain.usage.output_tokens <= 8
-    with client.messages.stream(model=MODEL, max_tokens=8, messages=hello, temperature=0) as stream:
+    with client.messages.stream(model=MODEL, max_tokens=8, messages=hello, extra_body=greedy) as stream:
         final = stream.get_final_message()
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in plain.content]
     assert final.stop_reason == plain.stop_reason
@@ -216,12 +217,12 @@ def test_anthropic_sdk_against_real_model(server):
             "input_schema": WEATHER["function"]["parameters"]}
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.messages.create(model=MODEL, max_tokens=64, messages=ask, tools=[tool], tool_choice={"type": "any"},
-                                   temperature=0)
+                                   extra_body=greedy)
     calls = [b for b in first.content if b.type == "tool_use"]
     assert first.stop_reason == "tool_use" and calls and calls[0].name == "get_weather"
     jsonschema.validate(calls[0].input, tool["input_schema"])
     results = [{"type": "tool_result", "tool_use_id": c.id, "content": "Sunny, 21 C"} for c in calls]
-    second = client.messages.create(model=MODEL, max_tokens=32, temperature=0, tools=[tool], messages=[
+    second = client.messages.create(model=MODEL, max_tokens=32, extra_body=greedy, tools=[tool], messages=[
         *ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, {"role": "user", "content": results}])
     assert second.content and second.stop_reason in ("end_turn", "max_tokens", "tool_use")
     with pytest.raises(anthropic.BadRequestError) as err:
