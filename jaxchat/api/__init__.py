@@ -1,11 +1,12 @@
-"""The wire APIs without HTTP: OpenAI chat completions and completions, read once into typed requests.
+"""The wire APIs without HTTP: OpenAI chat completions, completions and Responses, and Anthropic Messages.
 
 Contract: `parse_chat_request(body, limits)` / `parse_completion_request(body, limits)` raise every
 400 about a body (`jaxchat.chat.RequestError`) and return frozen `ChatRequest` / `CompletionRequest`
-values; `Limits` is the one place a bound is stated; `ChatService` (`service`) runs a typed request
-through template, tokenizer, grammar, engine and parser and returns OpenAI shapes (`shapes`);
-`build_chat_service` loads a model and builds that pipeline. The Anthropic Messages API is read by
-`parse_messages_request` into the same `ChatRequest` and written by `messages_shapes`. `RequestError` is the chat library's
+values (`parse_responses_request` a `ResponsesRequest` around a `ChatRequest`,
+`parse_messages_request` the Anthropic Messages API's `ChatRequest`); `Limits` is the one place a
+bound is stated; `ChatService` (`service`) runs a typed request through template, tokenizer,
+grammar, engine and parser and returns OpenAI shapes (`shapes`; Anthropic's are `messages_shapes`);
+`build_chat_service` loads a model and builds that pipeline. `RequestError` is the chat library's
 (a 400 naming its `param`), re-exported for the layers above. This package never imports starlette,
 and importing it does not import jax or xgrammar (only `build_chat_service` does, when called).
 """
@@ -22,6 +23,7 @@ from jaxchat.api.request import (
     parse_chat_request,
     parse_completion_request,
 )
+from jaxchat.api.responses_request import ResponsesRequest, parse_responses_request
 from jaxchat.api.service import ChatService
 from jaxchat.chat.errors import RequestError
 
@@ -32,6 +34,7 @@ __all__ = [
     "CompletionRequest",
     "Limits",
     "RequestError",
+    "ResponsesRequest",
     "Sampling",
     "build_chat_service",
     "messages_error_json",
@@ -39,4 +42,5 @@ __all__ = [
     "parse_chat_request",
     "parse_completion_request",
     "parse_messages_request",
+    "parse_responses_request",
 ]

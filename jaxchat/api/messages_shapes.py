@@ -2,14 +2,14 @@
 
 Contract: `message_json(model, reply, prompt_tokens, stop_sequences)` builds the non-streamed
 `{"id": "msg_...", "type": "message", "role": "assistant", "model", "content", "stop_reason",
-"stop_sequence", "usage": {"input_tokens", "output_tokens"}}` from one parsed `ChatReply`: content
+"stop_sequence", "usage": {"input_tokens", "output_tokens"}}` from one parsed `ChatMsg`: content
 blocks `thinking` (reasoning), `text` (content) and `tool_use` (`input`: the call's arguments as an
-object), in that order. `message_events(model, start, stream, stop_sequences)` is the async generator
-of a streamed message, written from the `ChoiceStep`s of `start()` (a `ChatRun`, whose 400s are
-raised on the first `__anext__()`), never by re-parsing: `message_start`, then per block
+object), in that order. The events of a streamed message: `message_start_event(model,
+prompt_tokens)`, then per block (`ContentBlocks.feed(delta)` per `ChatMsgDelta`, `close()`)
 `content_block_start`, `content_block_delta` (`thinking_delta`, `text_delta`, `input_json_delta`)
-and `content_block_stop`, then `message_delta` (stop reason, usage) and `message_stop`; a failure
-after the start is one `error` event. Each event's `type` is its SSE event name. `stop_reason` is
+and `content_block_stop`, then `message_end_events(...)`: `message_delta` (stop reason, usage) and
+`message_stop`; a failure after the start is one `error` event. Each event's `type` is its SSE
+event name. `stop_reason` is
 `tool_use` (calls made), `max_tokens` (the output was cut by the token limit, a cut call included),
 `stop_sequence` (one of the request's `stop_sequences` ended it; `stop_sequence` names it) or
 `end_turn`. `error_json(status, message, param)` is Anthropic's `{"type": "error", "error": {"type",
@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Sequence
 
-from jaxchat.api.chunk_stream import ChunkStream
-from jaxchat.api.steps import ChatReply, ChatRun, GenerationFailed
-from jaxchat.chat import ChatMsgDelta
+from jaxchat.chat import ChatMsg, ChatMsgDelta
 
-__all__ = ["error_json", "message_events", "message_json", "partial_object", "stop_reason"]
+__all__ = ["ContentBlocks", "error_json", "message_end_events", "message_json", "message_start_event",
+           "partial_object", "stop_reason"]
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
@@ -92,8 +91,8 @@ def usage_json(input_tokens: int, output_tokens: int) -> dict:
     return {"input_tokens": input_tokens, "output_tokens": output_tokens}
 
 
-def message_json(model: str, reply: ChatReply, prompt_tokens: int, stop_sequences: Sequence[str]) -> dict:
-    msg = reply.msg
+def message_json(model: str, msg: ChatMsg, finish: str | None, engine_stop: str | int | None, prompt_tokens: int,
+                 output_tokens: int, stop_sequences: Sequence[str]) -> dict:
     content: list[dict] = []
     if msg.reasoning_content:
         content.append({"type": "thinking", "thinking": msg.reasoning_content, "signature": ""})
@@ -102,12 +101,26 @@ def message_json(model: str, reply: ChatReply, prompt_tokens: int, stop_sequence
     for call in msg.tool_calls:
         content.append({"type": "tool_use", "id": new_id("toolu"), "name": call.name,
                         "input": partial_object(call.arguments)})
-    reason, sequence = stop_reason(reply.finish_reason, reply.stop_reason, stop_sequences)
+    reason, sequence = stop_reason(finish, engine_stop, stop_sequences)
     return {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": sequence, "usage": usage_json(prompt_tokens, reply.num_tokens)}
+            "stop_reason": reason, "stop_sequence": sequence, "usage": usage_json(prompt_tokens, output_tokens)}
 
 
-class _Blocks:
+def message_start_event(model: str, prompt_tokens: int) -> dict:
+    message = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": usage_json(prompt_tokens, 0)}
+    return {"type": "message_start", "message": message}
+
+
+def message_end_events(finish: str | None, engine_stop: str | int | None, prompt_tokens: int, output_tokens: int,
+                       stop_sequences: Sequence[str]) -> list[dict]:
+    reason, sequence = stop_reason(finish, engine_stop, stop_sequences)
+    return [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+             "usage": usage_json(prompt_tokens, output_tokens)},
+            {"type": "message_stop"}]
+
+
+class ContentBlocks:
     """Turns `ChatMsgDelta`s into content block events; one block open at a time."""
 
     def __init__(self) -> None:
@@ -147,33 +160,3 @@ class _Blocks:
                 events += self._switch("text", {"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": d.content}))
         return events
-
-
-async def message_events(model: str, start: Callable[[], ChatRun], stream: ChunkStream,
-                         stop_sequences: Sequence[str]) -> AsyncGenerator[dict, None]:
-    run = start()  # the 400s that need the model, raised before the first event
-    blocks = _Blocks()
-    message = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": usage_json(run.prompt_tokens, 0)}
-    try:
-        yield {"type": "message_start", "message": message}
-        async for step in run:
-            if step.index != 0:
-                continue
-            for delta in step.deltas:
-                for event in blocks.feed(delta):
-                    yield event
-            if step.finish_reason is None:
-                continue
-            for event in blocks.close():
-                yield event
-            reason, sequence = stop_reason(step.finish_reason, step.stop_reason, stop_sequences)
-            stream.usage = {"prompt_tokens": run.prompt_tokens, "completion_tokens": step.num_tokens,
-                            "total_tokens": run.prompt_tokens + step.num_tokens}
-            yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                   "usage": usage_json(run.prompt_tokens, step.num_tokens)}
-            yield {"type": "message_stop"}
-    except GenerationFailed:
-        yield error_json(500, "generation failed")
-    finally:
-        await run.aclose()

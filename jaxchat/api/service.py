@@ -13,11 +13,10 @@ cannot encode, one that is empty after tokenisation or does not fit the context.
 (with `usage`); `chat_completion_stream` / `completion_stream` return a `ChunkStream` whose `usage`
 is set when the response is complete; errors found before the first chunk are raised on the first
 `__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
-aborts its engine requests. Both modes are written from two cores other APIs share
-(`jaxchat.api.steps`): `chat_replies` (parsed once) and `chat_run` (the stream's `ChoiceStep`s);
-`messages` / `messages_stream` write the Anthropic Messages API from them (`messages_shapes`).
-Text completions (`completion`, `completion_stream`, `generate`) are
-`jaxchat.api.completions.TextCompletions`; `close()` stops the engine.
+aborts its engine requests. Text completions (`completion`, `completion_stream`, `generate`) are
+`jaxchat.api.completions.TextCompletions`; the Responses API (`response`, `response_stream`) is
+`jaxchat.api.responses.ResponsesApi`; the Anthropic Messages API (`messages`, `messages_stream`) is
+`jaxchat.api.messages_api.MessagesApi`; `close()` stops the engine.
 """
 
 from __future__ import annotations
@@ -27,15 +26,17 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
 
-from jaxchat.api import messages_shapes, shapes
+from jaxchat.api import shapes
+from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.completions import TextCompletions
 from jaxchat.api.cut import cut_finish_reason, was_cut
+from jaxchat.api.messages_api import MessagesApi
 from jaxchat.api.request import ChatRequest, Sampling
-from jaxchat.api.steps import ChatReplies, ChatReply, ChatRun, ChoiceStep, GenerationFailed
+from jaxchat.api.responses import ResponsesApi
 from jaxchat.chat import (
+    ChatMsg,
     ChatParseOptions,
-    ChatStream,
     ChatTemplate,
     ConstraintRequest,
     RequestError,
@@ -75,7 +76,7 @@ class Generated:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
-class ChatService(TextCompletions):
+class ChatService(TextCompletions, ResponsesApi, MessagesApi):
     def __init__(self, engine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
         self.engine = engine
         self.model_id = model_id
@@ -197,103 +198,58 @@ class ChatService(TextCompletions):
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     # ---- chat completions ----------------------------------------------------------------------------
-    async def chat_replies(self, request: ChatRequest) -> ChatReplies:
-        """Every choice generated and parsed once (`jaxchat.api.steps`)."""
+    async def complete_chat(self, request: ChatRequest) -> tuple[PreparedChat, list[tuple[ChatMsg, str | None, Generated]]]:
+        """Run every choice to its end and parse it once: (prepared, [(message, finish reason, result)])."""
         prepared = self.prepare_chat(request)
         gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
         results = await asyncio.gather(*(self._collect(r) for r in gens))
-        replies = []
+        choices = []
         for result in results:
             cut = self._was_cut(request, prepared, result.finish_reason, result.stop_reason)
             msg = chat_parse(self.spec, prepared.prefill + result.text, cut, prepared.options)
             for call in msg.tool_calls:
                 call.id = new_tool_call_id()
-            replies.append(ChatReply(msg, cut_finish_reason(msg, result.finish_reason, cut), result.stop_reason, cut,
-                                     result.num_tokens, self._count_tokens(msg.reasoning_content), result.logprobs))
-        return ChatReplies(len(prepared.prompt_ids), _calls_only(prepared), replies)
+            choices.append((msg, cut_finish_reason(msg, result.finish_reason, cut), result))
+        return prepared, choices
 
     async def chat_completion(self, request: ChatRequest) -> dict:
-        done = await self.chat_replies(request)
-        choices = [shapes.chat_choice(index, r.msg, r.finish_reason, shapes.logprobs_json(self.tokenizer, r.logprobs),
-                                      calls_only=done.calls_only) for index, r in enumerate(done.replies)]
-        usage = shapes.usage(done.prompt_tokens, sum(r.num_tokens for r in done.replies),
-                             sum(r.reasoning_tokens for r in done.replies))
+        prepared, results = await self.complete_chat(request)
+        choices, completion_tokens, reasoning_tokens = [], 0, 0
+        for index, (msg, finish, result) in enumerate(results):
+            completion_tokens += result.num_tokens
+            reasoning_tokens += self._count_tokens(msg.reasoning_content)
+            choices.append(shapes.chat_choice(index, msg, finish, shapes.logprobs_json(self.tokenizer, result.logprobs),
+                                              calls_only=_calls_only(prepared)))
+        usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
-
-    def chat_run(self, request: ChatRequest) -> ChatRun:
-        """The request's steps (`jaxchat.api.steps`); raises the 400s that need the model before any step."""
-        prepared = self.prepare_chat(request)
-        gens = self._requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self._constraint(prepared))
-        return ChatRun(len(prepared.prompt_ids), prepared.n, _calls_only(prepared),
-                       self._steps(request, prepared, gens))
-
-    async def _steps(self, request: ChatRequest, prepared: PreparedChat,
-                     gens: list[GenerationRequest]) -> AsyncIterator[ChoiceStep]:
-        queue: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
-        parsers = [ChatStream(self.spec, prepared.options) for _ in gens]
-        for parser in parsers:
-            parser.update(prepared.prefill, False)
-        done = 0
-        try:
-            while done < len(gens):
-                index, out = await queue.get()
-                if isinstance(out, BaseException):
-                    raise GenerationFailed("generation failed") from out
-                parser = parsers[index]
-                cut = out.finished and self._was_cut(request, prepared, out.finish_reason, out.stop_reason)
-                deltas = parser.update(out.text, out.finished and out.finish_reason != "error" and not cut)
-                if not out.finished:
-                    yield ChoiceStep(index, deltas, out.logprobs)
-                    continue
-                done += 1
-                if out.finish_reason == "error":
-                    yield ChoiceStep(index, deltas, out.logprobs)
-                    log.error("request failed: %s", out.error)
-                    raise GenerationFailed("generation failed")
-                yield ChoiceStep(index, deltas, out.logprobs, cut_finish_reason(parser.parsed, out.finish_reason, cut),
-                                 out.stop_reason, out.num_generated_tokens,
-                                 self._count_tokens(parser.parsed.reasoning_content))
-        finally:
-            for task in tasks:
-                task.cancel()
 
     def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
         return ChunkStream(lambda stream: self._chat_chunks(request, stream))
 
     async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        run = self.chat_run(request)  # raises before the first chunk
+        run = ChatRun(self, request)  # raises before the first chunk
         factory = shapes.ChunkFactory(self.model_id, request.include_usage)
         completion_tokens, reasoning_tokens = 0, 0
         try:
-            for index in range(run.n):
+            for index in range(len(run.parsers)):
                 yield factory.delta(index, {"role": "assistant", "content": None if run.calls_only else ""})
-            async for step in run:
-                logprobs = shapes.logprobs_json(self.tokenizer, step.logprobs)
-                for delta in step.deltas:
-                    yield factory.delta(step.index, shapes.delta_json(delta), logprobs=logprobs)
+            async for update in run.updates():
+                logprobs = shapes.logprobs_json(self.tokenizer, update.logprobs)
+                for delta in update.deltas:
+                    yield factory.delta(update.index, shapes.delta_json(delta), logprobs=logprobs)
                     logprobs = None
-                if step.finish_reason is not None:
-                    completion_tokens += step.num_tokens
-                    reasoning_tokens += step.reasoning_tokens
-                    yield factory.delta(step.index, {}, step.finish_reason)
-        except GenerationFailed:
-            yield shapes.generation_failed()
-            return
+                if update.failed:
+                    yield shapes.generation_failed()
+                    return
+                if update.finished:
+                    completion_tokens += update.num_tokens
+                    reasoning_tokens += update.reasoning_tokens
+                    yield factory.delta(update.index, {}, update.finish_reason)
+            stream.usage = shapes.usage(run.prompt_tokens, completion_tokens, reasoning_tokens)
+            if request.include_usage:
+                yield factory.usage_chunk(stream.usage)
         finally:
-            await run.aclose()
-        stream.usage = shapes.usage(run.prompt_tokens, completion_tokens, reasoning_tokens)
-        if request.include_usage:
-            yield factory.usage_chunk(stream.usage)
-
-    # ---- the Anthropic Messages API (`jaxchat.api.messages_shapes`) ----------------------------------
-    async def messages(self, request: ChatRequest) -> dict:
-        done = await self.chat_replies(request)
-        return messages_shapes.message_json(self.model_id, done.replies[0], done.prompt_tokens, request.sampling.stop)
-
-    def messages_stream(self, request: ChatRequest) -> ChunkStream:
-        return ChunkStream(lambda stream: messages_shapes.message_events(
-            self.model_id, lambda: self.chat_run(request), stream, request.sampling.stop))
+            run.cancel()
 
     async def _pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue) -> None:
         try:

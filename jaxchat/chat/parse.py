@@ -28,10 +28,11 @@ from jaxchat.chat.args_json_calls import parse_deepseek_calls
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
 from jaxchat.chat.parse_harmony import HarmonyParser
 from jaxchat.chat.parse_inline import InlineCallParser
-from jaxchat.chat.segments import MarkerScanner, Segments, StopFinder, cut_partial_marker, join_segment
+from jaxchat.chat.parser_state import CONTENT, MarkerParser
+from jaxchat.chat.segments import cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
-_CONTENT, _REASONING, _TOOL = "content", "reasoning", "tool"
+_CONTENT, _REASONING, _TOOL = CONTENT, "reasoning", "tool"
 _GEMMA_THOUGHT = "thought"
 
 
@@ -69,31 +70,8 @@ def _named(calls: list[ParsedCall]) -> list[ToolCall]:
     return [ToolCall(c.name, c.arguments) for c in calls if c.name is not None]
 
 
-class TaggedParser:
+class TaggedParser(MarkerParser):
     """Parser of the tag formats: content, `<think>`-style reasoning blocks and tool blocks."""
-
-    def __init__(self, spec: ChatFormatSpec, options: ChatParseOptions) -> None:
-        self.spec = spec
-        self.options = options
-        self.tools_on = options.parse_tool_calls and spec.has_tools and bool(spec.tool_start)
-        openers = []
-        if spec.reasoning and spec.reasoning_start:
-            openers.append(spec.reasoning_start)
-        if self.tools_on:
-            openers.append(spec.tool_start)
-        self.openers = tuple(openers)
-        self.stops = StopFinder(spec.stop_markers)
-        self.scanner = MarkerScanner()
-        self.region = _CONTENT
-        self.pos = 0
-        self.content = Segments()
-        self.reasoning = Segments()
-        self.calls: list[ToolCall] = []
-
-    @property
-    def closed_calls(self) -> int:
-        """How many leading calls of every later parse are final."""
-        return len(self.calls)
 
     def parse(self, text: str, is_partial: bool) -> ChatMsg:
         end = self.stops.end(text)

@@ -13,7 +13,8 @@ import re
 
 from jaxchat.chat.args import ArgumentSyntaxError, parse_json_arguments
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
-from jaxchat.chat.segments import MarkerScanner, Segments, cut_partial_marker, join_segment
+from jaxchat.chat.parser_state import ParserState
+from jaxchat.chat.segments import cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
 START, END, CALL, RETURN, MESSAGE = "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|message|>"
@@ -36,22 +37,12 @@ class _Header:
         return self.recipient[len(_FUNCTIONS):] if self.recipient.startswith(_FUNCTIONS) else None
 
 
-class HarmonyParser:
+class HarmonyParser(ParserState):
     def __init__(self, spec: ChatFormatSpec, options: ChatParseOptions) -> None:
-        self.spec = spec
-        self.options = options
-        self.scanner = MarkerScanner()
+        super().__init__(spec, options)
         self.pos = 0  # start of the open message's header, or of its body when `header` is set
         self.header: _Header | None = None
         self.turn_end: int | None = None
-        self.content = Segments()
-        self.reasoning = Segments()
-        self.calls: list[ToolCall] = []
-
-    @property
-    def closed_calls(self) -> int:
-        """How many leading calls of every later parse are final."""
-        return len(self.calls)
 
     def parse(self, text: str, is_partial: bool) -> ChatMsg:
         end = self._advance(text)

@@ -15,10 +15,11 @@ from __future__ import annotations
 from jaxchat.chat.args_core import ArgumentSyntaxError, ParsedCall
 from jaxchat.chat.args_json_calls import parse_llama_call, parse_mistral_call
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
-from jaxchat.chat.segments import MarkerScanner, Segments, StopFinder, cut_partial_marker, join_segment
+from jaxchat.chat.parser_state import CONTENT, MarkerParser
+from jaxchat.chat.segments import cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
-_CONTENT, _REASONING, _CALL = "content", "reasoning", "call"
+_CONTENT, _REASONING, _CALL = CONTENT, "reasoning", "call"
 _WHITESPACE = " \t\r\n"
 # Where a bare Llama call may begin: at the start of the content, or after a call and a `;`.
 _AT_START, _AFTER_CALL = "start", "after_call"
@@ -30,31 +31,13 @@ def _skip_ws(text: str, pos: int, end: int) -> int:
     return pos
 
 
-class InlineCallParser:
+class InlineCallParser(MarkerParser):
     def __init__(self, spec: ChatFormatSpec, options: ChatParseOptions) -> None:
-        self.spec = spec
-        self.tools_on = options.parse_tool_calls and spec.has_tools and bool(spec.tool_start)
-        openers = []
-        if spec.reasoning and spec.reasoning_start:
-            openers.append(spec.reasoning_start)
-        if self.tools_on:
-            openers.append(spec.tool_start)
-        self.openers = tuple(openers)
-        self.stops = StopFinder(spec.stop_markers)
-        self.scanner = MarkerScanner()
-        self.region = _CONTENT
+        super().__init__(spec, options)
         self.start = 0  # where the open region's text starts (a call block: its opener)
         self.pos = 0  # where reading resumes (a call block: its body, after the opener)
         self.bare = _AT_START if self.tools_on and spec.kind == "llama3_json" else None
         self.bare_pending = False  # only whitespace (and a `;`) since `bare` was set: a call may follow
-        self.content = Segments()
-        self.reasoning = Segments()
-        self.calls: list[ToolCall] = []
-
-    @property
-    def closed_calls(self) -> int:
-        """How many leading calls of every later parse are final."""
-        return len(self.calls)
 
     def parse(self, text: str, is_partial: bool) -> ChatMsg:
         end = self.stops.end(text)

@@ -3,16 +3,17 @@
 Contract
 --------
 `create_app(service, api_key=None, limits=Limits())` returns a Starlette app with
-`POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/messages` (the Anthropic Messages
-API, `jaxchat.api.parse_messages_request`, answered by the service's `messages` / `messages_stream`,
-with Anthropic error bodies and named SSE events) (JSON, or SSE with `stream: true`),
+`POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (the Responses API) and
+`POST /v1/messages` (the Anthropic Messages API, answered by the service's `messages` /
+`messages_stream`, with Anthropic error bodies and no `[DONE]`) (JSON, or SSE with `stream: true`),
 `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
 through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read once by
-`jaxchat.api.parse_chat_request` / `parse_completion_request` (every 400) into the typed request the
+`jaxchat.api.parse_chat_request` / `parse_completion_request` / `parse_responses_request` /
+`parse_messages_request` (every 400) into the typed request the
 service takes; a `model` other than `service.model_id` is a 404 `model_not_found`
 (an absent `model` means the served one). With an `api_key`, every route but `/health` needs
 `Authorization: Bearer <key>` or `x-api-key: <key>` (compared in constant time), else 401. Every error, including unknown
-routes (404) and wrong methods (405), is an OpenAI error body; unexpected exceptions are logged
+routes (404) and wrong methods (405), is an OpenAI error body (on `/v1/messages` an Anthropic one); unexpected exceptions are logged
 and answered with a generic 500. A client that disconnects cancels its request (streamed or not).
 `app.state.drain` is the shutdown coordinator `jaxchat.server.run` drives on SIGTERM; `app.state.metrics`
 holds the per-app registry.
@@ -37,6 +38,7 @@ from jaxchat.api import (
     parse_chat_request,
     parse_completion_request,
     parse_messages_request,
+    parse_responses_request,
 )
 from jaxchat.server.body import read_json_object
 from jaxchat.server.errors import ApiError, error_for_exception
@@ -149,11 +151,19 @@ class _Api:
         return await self.generate(request, started, parse_completion_request, svc.completion,
                                    svc.completion_stream)
 
-    async def messages(self, request: Request, started: float) -> Response:
-        """The Anthropic Messages API: its events are named, its errors Anthropic's."""
+    async def responses(self, request: Request, started: float) -> Response:
         svc = self.service
+        if not hasattr(svc, "response"):
+            raise ApiError(404, "this server's service does not implement the Responses API")
+        return await self.generate(request, started, parse_responses_request, svc.response, svc.response_stream)
+
+    async def messages(self, request: Request, started: float) -> Response:
+        """The Anthropic Messages API: its errors are Anthropic's, its stream ends without `[DONE]`."""
+        svc = self.service
+        if not hasattr(svc, "messages"):
+            raise ApiError(404, "this server's service does not implement the Messages API")
         return await self.generate(request, started, parse_messages_request, svc.messages, svc.messages_stream,
-                                   named_events=True, error_shape=_anthropic_error)
+                                   done=False, error_shape=_anthropic_error)
 
     async def models(self, request: Request, started: float) -> Response:
         card = {
@@ -187,6 +197,7 @@ def create_app(service, api_key: str | None = None, limits: Limits | None = None
     routes = [
         Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
         Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
+        Route("/v1/responses", api.endpoint(api.responses), methods=["POST"]),
         Route("/v1/messages", api.endpoint(api.messages, error_shape=_anthropic_error), methods=["POST"]),
         Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
         Route("/health", api.endpoint(api.health, public=True), methods=["GET"]),

@@ -22,7 +22,10 @@ What the service guarantees to the server:
   response is complete. Errors found before the first chunk are raised on the first `__anext__()`
   (they become a plain JSON 400, not an SSE stream); a failure after that yields one
   `{"error": {...}}` item and ends.
-* Optionally `messages` / `messages_stream` (`POST /v1/messages`): a request read by
+* `response` / `response_stream` (optional; without them `/v1/responses` is a 404) take a
+  `jaxchat.api.ResponsesRequest` and return a Responses `response` dict / a `ChunkStream` of
+  Responses events (each a dict with its `type`), under the same rules as the chat methods.
+* `messages` / `messages_stream` (optional; without them `/v1/messages` is a 404): a request read by
   `jaxchat.api.parse_messages_request`, answered with an Anthropic message dict / a `ChunkStream` of
   Anthropic events (each `type` is its SSE event name), under the same rules.
 * `stats()` is cheap and never blocks: at least `running`, `waiting`, `slots_total`, `slots_busy`

@@ -4,16 +4,18 @@ Contract
 --------
 `SSEStream(chunks, ...)` is an ASGI response over a service's `ChunkStream`. It pulls the first
 chunk before sending headers, so an exception there (a `RequestError` the service raises for what
-only the model can check) is answered as a plain JSON error (400, or a generic 500). After that it writes `data: {json}\n\n` per chunk and
-`data: [DONE]\n\n` at the end (with `named_events`, as the Anthropic Messages API: `event: {type}`
-before each chunk's data line and no `[DONE]`; `error_shape(ApiError)` writes the error bodies), with `Content-Type: text/event-stream` and `Cache-Control: no-cache`.
+only the model can check) is answered as a plain JSON error (400, or a generic 500). After that it
+writes `data: {json}\n\n` per chunk, after an `event: <type>` line when the chunk has a string `type`
+(Responses and Anthropic Messages events do), and `data: [DONE]\n\n` at the end unless `done=False`
+(the Anthropic Messages API ends without it), with `Content-Type: text/event-stream` and
+`Cache-Control: no-cache`. `error_shape(ApiError)` writes the error bodies (OpenAI's by default).
 While it waits for the next chunk it also listens for `http.disconnect`: when the client leaves,
 the pending `__anext__` is cancelled and the iterator is closed (`aclose()`) at once, which is how
 the service learns to abort the request and free its slot, even when no chunk is due for a long
-time (a request still queued). An exception after the first chunk becomes one
-`{"error": {...}}` event (generic text, details in the log) followed by `[DONE]`. Chunks go out as
-the service made them; the stream's `usage` (set by the service when it completes) and the time to
-the first chunk with output go to the metrics.
+time (a request still queued). An exception after the first chunk becomes one error event
+(generic text, details in the log), then the end (`[DONE]` where sent). Chunks go out as made;
+the stream's `usage` (set by the service when it completes) and the time to the first chunk with
+output go to the metrics.
 `Drain` coordinates shutdown: after `begin(grace)`, in-flight work has `grace` seconds, then
 streams end with a `server_shutdown` error event and non-streamed requests get a 503.
 `run_until_gone(receive, awaitable, drain)` gives non-streamed requests the same treatment.
@@ -148,21 +150,23 @@ async def run_until_gone(receive: Receive, aw: Awaitable, drain: Drain):
 
 
 def _has_output(chunk: dict) -> bool:
-    if chunk.get("type") == "content_block_delta":  # an Anthropic Messages event
-        return True
     for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
         if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls") or choice.get("text"):
             return True
-    return False
+    kind = chunk.get("type")
+    return kind == "content_block_delta" or (  # an Anthropic Messages event, or a Responses one
+        isinstance(kind, str) and kind.startswith("response.") and kind.endswith(".delta"))
 
 
-def _event(payload: object, named: bool = False) -> bytes:
+def _event(payload: object) -> bytes:
+    """`data: {json}`, after an `event: <type>` line when the item names its type (Responses, Messages)."""
     data = b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
-    if named and isinstance(payload, dict) and isinstance(payload.get("type"), str):
-        return b"event: " + payload["type"].encode("utf-8") + b"\n" + data
+    kind = payload.get("type") if isinstance(payload, dict) else None
+    if isinstance(kind, str) and kind.isascii() and kind.isprintable():
+        return b"event: " + kind.encode("ascii") + b"\n" + data
     return data
 
 
@@ -182,11 +186,11 @@ class SSEStream:
         drain: Drain,
         on_end: Callable[[int, dict | None, float | None, float | None, int, bool], None],
         started: float,
-        named_events: bool = False,
+        done: bool = True,
         error_shape: Callable[[ApiError], dict] | None = None,
     ):
         self.iterator = chunks
-        self.named = named_events
+        self.done = done
         self.error_shape = error_shape or ApiError.body
         self.drain = drain
         self.on_end = on_end
@@ -231,20 +235,20 @@ class SSEStream:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         while True:
             if item is _END:
-                await self._send(send, b"" if self.named else b"data: [DONE]\n\n", more=False)
+                await self._send(send, b"data: [DONE]\n\n" if self.done else b"", more=False)
                 return 200, False
             await self._emit(send, item)
             try:
                 kind, item = await _race(_next(self.iterator), watcher, cut)
             except Exception as exc:  # noqa: BLE001 - a failure mid-stream: one error event
                 err = error_for_exception(exc, "stream")
-                await self._send(send, _event(self.error_shape(err), self.named))
+                await self._send(send, _event(self.error_shape(err)))
                 item = _END
                 continue
             if kind == "gone":
                 return 200, True
             if kind == "cut":
-                await self._send(send, _event(self.error_shape(_shutdown()), self.named))
+                await self._send(send, _event(self.error_shape(_shutdown())))
                 item = _END
 
     async def _emit(self, send: Send, chunk: object) -> None:
@@ -254,9 +258,9 @@ class SSEStream:
             self.last_at = now
             self.outputs += 1
         try:
-            data = _event(chunk, self.named)
+            data = _event(chunk)
         except (TypeError, ValueError) as exc:
-            data = _event(self.error_shape(error_for_exception(exc, "stream chunk")), self.named)
+            data = _event(self.error_shape(error_for_exception(exc, "stream chunk")))
         await self._send(send, data)
 
     @staticmethod

@@ -199,6 +199,44 @@ def test_openai_sdk_async_against_real_model(server):
     assert [c.function.name for c in reply.choices[0].message.tool_calls] == names
 
 
+def test_openai_responses_api_against_real_model(server):
+    """`/v1/responses` with the SDK: text, a required tool and its output, parse, stream == plain, a 400."""
+    import jsonschema
+    import openai
+    from pydantic import BaseModel
+
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    text = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=16, temperature=0)
+    assert text.output_text and text.usage.output_tokens <= 16
+    tool = {"type": "function", "name": "book_table", "strict": True, "description": "Book a restaurant table",
+            "parameters": STRICT_TOOL["function"]["parameters"]}
+    ask = [{"role": "user", "content": ASK[0]["content"]}]
+    call_args = dict(model=MODEL, input=ask, tools=[tool], tool_choice="required", max_output_tokens=64, temperature=0)
+    called = client.responses.create(**call_args)
+    calls = [item for item in called.output if item.type == "function_call"]
+    assert calls and calls[0].name == "book_table" and calls[0].call_id
+    jsonschema.validate(json.loads(calls[0].arguments), tool["parameters"])
+    with client.responses.stream(**call_args) as stream:
+        final = stream.get_final_response()
+    assert [(i.type, i.name, i.arguments) for i in final.output] == [(i.type, i.name, i.arguments) for i in called.output]
+    history = [*ask, *called.output, *({"type": "function_call_output", "call_id": c.call_id, "output": "booked"}
+                                       for c in calls)]
+    answer = client.responses.create(model=MODEL, input=history, tools=[tool], max_output_tokens=32, temperature=0)
+    assert answer.output_text
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    parsed = client.responses.parse(model=MODEL, input="Give a city as JSON.", text_format=City, max_output_tokens=48,
+                                    temperature=0)
+    assert isinstance(parsed.output_parsed, City)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
+    assert err.value.body["param"] == "previous_response_id"
+
+
 def test_anthropic_sdk_against_real_model(server):
     import anthropic
     import jsonschema

@@ -1,0 +1,59 @@
+"""`/v1/responses` on the serving pipeline: a `ResponsesRequest` in, a Responses `response` or its events out.
+
+Contract: `ResponsesApi` is the part of `ChatService` that serves the OpenAI Responses API; it runs the
+request's `chat` (a `ChatRequest`: same template, grammar, engine and parser as chat completions) and
+writes the result with `jaxchat.api.responses_shapes.ResponseWriter`. `response(request)` returns the
+`response` object (status "completed", or "incomplete" with `incomplete_details.reason`
+"max_output_tokens"); `response_stream(request)` returns a `ChunkStream` of Responses events
+(`response.created`, `response.in_progress`, the items' events, then `response.completed` /
+`response.incomplete`; a generation that fails after the first event ends with `response.failed`),
+written from the `ChatRun`'s parser deltas, never by re-parsing; its `usage` (chat-shaped, for the
+server's metrics) is set when the response is complete. Every 400 that needs the model is raised
+before the first event, as for chat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from jaxchat.api import responses_shapes as rs
+from jaxchat.api import shapes
+from jaxchat.api.chat_run import ChatRun
+from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.responses_request import ResponsesRequest
+
+__all__ = ["ResponsesApi"]
+
+
+class ResponsesApi:
+    async def response(self, request: ResponsesRequest) -> dict:
+        prepared, results = await self.complete_chat(request.chat)
+        msg, finish, result = results[0]
+        writer = rs.ResponseWriter(self.model_id, request.echo)
+        writer.feed(rs.message_deltas(msg))
+        writer.finish(finish, rs.usage(len(prepared.prompt_ids), result.num_tokens,
+                                       self._count_tokens(msg.reasoning_content)))
+        return writer.response
+
+    def response_stream(self, request: ResponsesRequest) -> ChunkStream:
+        return ChunkStream(lambda stream: self._response_events(request, stream))
+
+    async def _response_events(self, request: ResponsesRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        run = ChatRun(self, request.chat)  # raises before the first event
+        writer = rs.ResponseWriter(self.model_id, request.echo)
+        try:
+            yield writer.created()
+            yield writer.in_progress()
+            async for update in run.updates():
+                for event in writer.feed(update.deltas):
+                    yield event
+                if update.failed:
+                    yield writer.failed()
+                    return
+                if update.finished:
+                    stream.usage = shapes.usage(run.prompt_tokens, update.num_tokens, update.reasoning_tokens)
+                    for event in writer.finish(update.finish_reason, rs.usage(
+                            run.prompt_tokens, update.num_tokens, update.reasoning_tokens)):
+                        yield event
+        finally:
+            run.cancel()
