@@ -1,10 +1,11 @@
-"""The wire APIs without HTTP: OpenAI chat completions, completions and Responses, read once into typed requests.
+"""The wire APIs without HTTP: OpenAI chat completions, completions and Responses, and Anthropic Messages.
 
 Contract: `parse_chat_request(body, limits)` / `parse_completion_request(body, limits)` raise every
 400 about a body (`jaxchat.chat.RequestError`) and return frozen `ChatRequest` / `CompletionRequest`
-values (`parse_responses_request` a `ResponsesRequest` around a `ChatRequest`); `Limits` is the
-one place a bound is stated; `ChatService` (`service`) runs a typed request
-through template, tokenizer, grammar, engine and parser and returns OpenAI shapes (`shapes`);
+values (`parse_responses_request` a `ResponsesRequest` around a `ChatRequest`,
+`parse_messages_request` the Anthropic Messages API's `ChatRequest`); `Limits` is the one place a
+bound is stated; `ChatService` (`service`) runs a typed request through template, tokenizer,
+grammar, engine and parser and returns OpenAI shapes (`shapes`; Anthropic's are `messages_shapes`);
 `build_chat_service` loads a model and builds that pipeline. `RequestError` is the chat library's
 (a 400 naming its `param`), re-exported for the layers above. This package never imports starlette,
 and importing it does not import jax or xgrammar (only `build_chat_service` does, when called).
@@ -13,6 +14,8 @@ and importing it does not import jax or xgrammar (only `build_chat_service` does
 from jaxchat.api.build import build_chat_service, model_id_for
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.limits import Limits
+from jaxchat.api.messages_request import parse_messages_request
+from jaxchat.api.messages_shapes import error_json as messages_error_json
 from jaxchat.api.request import (
     ChatRequest,
     CompletionRequest,
@@ -34,8 +37,10 @@ __all__ = [
     "ResponsesRequest",
     "Sampling",
     "build_chat_service",
+    "messages_error_json",
     "model_id_for",
     "parse_chat_request",
     "parse_completion_request",
+    "parse_messages_request",
     "parse_responses_request",
 ]

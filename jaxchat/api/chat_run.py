@@ -7,10 +7,11 @@ be a 400 is raised by the constructor, before any output; construct it inside th
 produces them): the parser's `ChatMsgDelta`s (prefixes by construction, `ChatStream`), the engine's
 logprobs for those tokens, and on a choice's last update `finished`, its finish reason (an output cut
 before the end of its turn is read as the stream read it and keeps the engine's reason:
-`jaxchat.api.cut`), the parsed message and its token counts. A failed generation is one update with
-`failed` set (after that choice's last deltas); nothing follows it. Ending or closing `updates()`
-cancels the engine requests, which aborts them. Chat chunks (`ChatService.chat_completion_stream`)
-and Responses events (`jaxchat.api.responses`) are both written from these updates.
+`jaxchat.api.cut`), the engine's stop reason, the parsed message and its token counts. A failed
+generation is one update with `failed` set (after that choice's last deltas); nothing follows it.
+Ending or closing `updates()` cancels the engine requests, which aborts them. Chat chunks
+(`ChatService.chat_completion_stream`), Responses events (`jaxchat.api.responses`) and Messages
+events (`jaxchat.api.messages_api`) are all written from these updates.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ChoiceUpdate:
     num_tokens: int = 0  # generated tokens, on the last update
     reasoning_tokens: int = 0  # tokens of the message's reasoning, on the last update
     failed: bool = False
+    stop_reason: str | int | None = None  # the stop string or token id that ended it, on the last update
 
 
 class ChatRun:
@@ -85,7 +87,8 @@ class ChatRun:
                 done += 1
                 msg = parser.parsed
                 yield ChoiceUpdate(index, deltas, out.logprobs, True, cut_finish_reason(msg, out.finish_reason, cut),
-                                   msg, out.num_generated_tokens, svc._count_tokens(msg.reasoning_content))
+                                   msg, out.num_generated_tokens, svc._count_tokens(msg.reasoning_content),
+                                   stop_reason=out.stop_reason)
         finally:
             self.cancel()
 

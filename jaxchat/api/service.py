@@ -15,7 +15,8 @@ is set when the response is complete; errors found before the first chunk are ra
 `__anext__()`, a failure after it is one error chunk that ends the stream. Closing a stream early
 aborts its engine requests. Text completions (`completion`, `completion_stream`, `generate`) are
 `jaxchat.api.completions.TextCompletions`; the Responses API (`response`, `response_stream`) is
-`jaxchat.api.responses.ResponsesApi`; `close()` stops the engine.
+`jaxchat.api.responses.ResponsesApi`; the Anthropic Messages API (`messages`, `messages_stream`) is
+`jaxchat.api.messages_api.MessagesApi`; `close()` stops the engine.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.completions import TextCompletions
 from jaxchat.api.cut import cut_finish_reason, was_cut
+from jaxchat.api.messages_api import MessagesApi
 from jaxchat.api.request import ChatRequest, Sampling
 from jaxchat.api.responses import ResponsesApi
 from jaxchat.chat import (
@@ -74,7 +76,7 @@ class Generated:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
 
 
-class ChatService(TextCompletions, ResponsesApi):
+class ChatService(TextCompletions, ResponsesApi, MessagesApi):
     def __init__(self, engine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
         self.engine = engine
         self.model_id = model_id

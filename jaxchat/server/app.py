@@ -3,15 +3,17 @@
 Contract
 --------
 `create_app(service, api_key=None, limits=Limits())` returns a Starlette app with
-`POST /v1/chat/completions`, `POST /v1/completions` and `POST /v1/responses` (the Responses API)
-(JSON, or SSE with `stream: true`),
+`POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (the Responses API) and
+`POST /v1/messages` (the Anthropic Messages API, answered by the service's `messages` /
+`messages_stream`, with Anthropic error bodies and no `[DONE]`) (JSON, or SSE with `stream: true`),
 `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
 through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read once by
-`jaxchat.api.parse_chat_request` / `parse_completion_request` / `parse_responses_request` (every 400) into the typed request the
+`jaxchat.api.parse_chat_request` / `parse_completion_request` / `parse_responses_request` /
+`parse_messages_request` (every 400) into the typed request the
 service takes; a `model` other than `service.model_id` is a 404 `model_not_found`
 (an absent `model` means the served one). With an `api_key`, every route but `/health` needs
-`Authorization: Bearer <key>` (compared in constant time), else 401. Every error, including unknown
-routes (404) and wrong methods (405), is an OpenAI error body; unexpected exceptions are logged
+`Authorization: Bearer <key>` or `x-api-key: <key>` (compared in constant time), else 401. Every error, including unknown
+routes (404) and wrong methods (405), is an OpenAI error body (on `/v1/messages` an Anthropic one); unexpected exceptions are logged
 and answered with a generic 500. A client that disconnects cancels its request (streamed or not).
 `app.state.drain` is the shutdown coordinator `jaxchat.server.run` drives on SIGTERM; `app.state.metrics`
 holds the per-app registry.
@@ -30,7 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from jaxchat.api import Limits, parse_chat_request, parse_completion_request, parse_responses_request
+from jaxchat.api import (
+    Limits,
+    messages_error_json,
+    parse_chat_request,
+    parse_completion_request,
+    parse_messages_request,
+    parse_responses_request,
+)
 from jaxchat.server.body import read_json_object
 from jaxchat.server.errors import ApiError, error_for_exception
 from jaxchat.server.metrics import CONTENT_TYPE, Metrics
@@ -56,10 +65,12 @@ class _Api:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if not header:
+        if not header and "x-api-key" in request.headers:  # the Anthropic SDK's header
+            scheme, token = "bearer", request.headers["x-api-key"]
+        elif not header:
             raise ApiError(
                 401,
-                "missing API key: send it as 'Authorization: Bearer <key>'",
+                "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -80,7 +91,8 @@ class _Api:
                 code="model_not_found",
             )
 
-    def endpoint(self, handler: Callable[[Request, float], Awaitable[Response]], public: bool = False):
+    def endpoint(self, handler: Callable[[Request, float], Awaitable[Response]], public: bool = False,
+                 error_shape: Callable[[ApiError], dict] = ApiError.body):
         async def run(request: Request) -> Response:
             started = time.monotonic()
             try:
@@ -95,14 +107,14 @@ class _Api:
                 return Response(status_code=499)
             except Exception as exc:  # noqa: BLE001 - the HTTP boundary: every failure becomes an error body
                 err = error_for_exception(exc, request.url.path)
-                response = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+                response = JSONResponse(error_shape(err), status_code=err.status, headers=err.headers)
             if not isinstance(response, SSEStream):
                 self.metrics.observe_request(request.url.path, response.status_code, time.monotonic() - started)
             return response
 
         return run
 
-    def stream(self, request: Request, chunks, started: float) -> SSEStream:
+    def stream(self, request: Request, chunks, started: float, **sse) -> SSEStream:
         path = request.url.path
         self.metrics.streams_active.inc()
 
@@ -115,14 +127,14 @@ class _Api:
                 self.metrics.observe_stream_timing(ttft, decode, tokens)
             self.metrics.observe_request(path, 499 if gone and status == 200 else status, time.monotonic() - started)
 
-        return SSEStream(chunks, self.drain, on_end, started)
+        return SSEStream(chunks, self.drain, on_end, started, **sse)
 
-    async def generate(self, request: Request, started: float, parse, complete, complete_stream) -> Response:
+    async def generate(self, request: Request, started: float, parse, complete, complete_stream, **sse) -> Response:
         body = await read_json_object(request, self.limits)
         self.check_model(body)  # before validation, as vLLM does: a wrong model is a 404 whatever else is wrong
         typed = parse(body, self.limits, self.service.max_context)
         if typed.stream:
-            return self.stream(request, complete_stream(typed), started)
+            return self.stream(request, complete_stream(typed), started, **sse)
         result = await run_until_gone(request.receive, complete(typed), self.drain)
         self.metrics.observe_usage(result.get("usage") if isinstance(result, dict) else None)
         return JSONResponse(result)
@@ -145,6 +157,14 @@ class _Api:
             raise ApiError(404, "this server's service does not implement the Responses API")
         return await self.generate(request, started, parse_responses_request, svc.response, svc.response_stream)
 
+    async def messages(self, request: Request, started: float) -> Response:
+        """The Anthropic Messages API: its errors are Anthropic's, its stream ends without `[DONE]`."""
+        svc = self.service
+        if not hasattr(svc, "messages"):
+            raise ApiError(404, "this server's service does not implement the Messages API")
+        return await self.generate(request, started, parse_messages_request, svc.messages, svc.messages_stream,
+                                   done=False, error_shape=_anthropic_error)
+
     async def models(self, request: Request, started: float) -> Response:
         card = {
             "id": self.service.model_id,
@@ -164,6 +184,10 @@ class _Api:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 
+def _anthropic_error(err: ApiError) -> dict:
+    return messages_error_json(err.status, err.message, err.param)
+
+
 def create_app(service, api_key: str | None = None, limits: Limits | None = None) -> Starlette:
     for name in ("model_id", "max_context", "chat_completion", "chat_completion_stream", "completion",
                  "completion_stream", "stats"):
@@ -174,6 +198,7 @@ def create_app(service, api_key: str | None = None, limits: Limits | None = None
         Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
         Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
         Route("/v1/responses", api.endpoint(api.responses), methods=["POST"]),
+        Route("/v1/messages", api.endpoint(api.messages, error_shape=_anthropic_error), methods=["POST"]),
         Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
         Route("/health", api.endpoint(api.health, public=True), methods=["GET"]),
         Route("/metrics", api.endpoint(api.prometheus), methods=["GET"]),

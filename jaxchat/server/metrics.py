@@ -26,7 +26,8 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 
 log = logging.getLogger("jaxchat.server")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health",
+          "/metrics")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 _KNOWN_STATS = {
@@ -84,7 +85,7 @@ class Metrics:
             return
         for key, alt, counter in (("prompt_tokens", "input_tokens", self.prompt_tokens),
                                   ("completion_tokens", "output_tokens", self.completion_tokens)):
-            value = usage.get(key, usage.get(alt))  # chat usage, or the Responses API's
+            value = usage.get(key, usage.get(alt))  # chat usage, or the Responses / Messages API's
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 counter.inc(value)
 

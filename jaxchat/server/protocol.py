@@ -25,6 +25,9 @@ What the service guarantees to the server:
 * `response` / `response_stream` (optional; without them `/v1/responses` is a 404) take a
   `jaxchat.api.ResponsesRequest` and return a Responses `response` dict / a `ChunkStream` of
   Responses events (each a dict with its `type`), under the same rules as the chat methods.
+* `messages` / `messages_stream` (optional; without them `/v1/messages` is a 404): a request read by
+  `jaxchat.api.parse_messages_request`, answered with an Anthropic message dict / a `ChunkStream` of
+  Anthropic events (each `type` is its SSE event name), under the same rules.
 * `stats()` is cheap and never blocks: at least `running`, `waiting`, `slots_total`, `slots_busy`
   and `compiles` (ints); other numeric entries are exported to `/metrics` as gauges too.
 """

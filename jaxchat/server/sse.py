@@ -4,16 +4,18 @@ Contract
 --------
 `SSEStream(chunks, ...)` is an ASGI response over a service's `ChunkStream`. It pulls the first
 chunk before sending headers, so an exception there (a `RequestError` the service raises for what
-only the model can check) is answered as a plain JSON error (400, or a generic 500). After that it writes `data: {json}\n\n` per chunk and
-`data: [DONE]\n\n` at the end, with `Content-Type: text/event-stream` and `Cache-Control: no-cache`.
+only the model can check) is answered as a plain JSON error (400, or a generic 500). After that it
+writes `data: {json}\n\n` per chunk, after an `event: <type>` line when the chunk has a string `type`
+(Responses and Anthropic Messages events do), and `data: [DONE]\n\n` at the end unless `done=False`
+(the Anthropic Messages API ends without it), with `Content-Type: text/event-stream` and
+`Cache-Control: no-cache`. `error_shape(ApiError)` writes the error bodies (OpenAI's by default).
 While it waits for the next chunk it also listens for `http.disconnect`: when the client leaves,
 the pending `__anext__` is cancelled and the iterator is closed (`aclose()`) at once, which is how
 the service learns to abort the request and free its slot, even when no chunk is due for a long
-time (a request still queued). An exception after the first chunk becomes one
-`{"error": {...}}` event (generic text, details in the log) followed by `[DONE]`. Chunks go out as
-the service made them (an item with a string `type`, as Responses events have, gets an `event: <type>`
-line before its `data:` line); the stream's `usage` (set by the service when it completes) and the time to
-the first chunk with output go to the metrics.
+time (a request still queued). An exception after the first chunk becomes one error event
+(generic text, details in the log), then the end (`[DONE]` where sent). Chunks go out as made;
+the stream's `usage` (set by the service when it completes) and the time to the first chunk with
+output go to the metrics.
 `Drain` coordinates shutdown: after `begin(grace)`, in-flight work has `grace` seconds, then
 streams end with a `server_shutdown` error event and non-streamed requests get a 503.
 `run_until_gone(receive, awaitable, drain)` gives non-streamed requests the same treatment.
@@ -31,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.types import Receive, Scope, Send
 
 from jaxchat.api import ChunkStream
-from jaxchat.server.errors import ApiError, error_body, error_for_exception
+from jaxchat.server.errors import ApiError, error_for_exception
 
 __all__ = ["ClientGone", "Drain", "SSEStream", "run_until_gone"]
 
@@ -155,11 +157,12 @@ def _has_output(chunk: dict) -> bool:
         if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls") or choice.get("text"):
             return True
     kind = chunk.get("type")
-    return isinstance(kind, str) and kind.startswith("response.") and kind.endswith(".delta")
+    return kind == "content_block_delta" or (  # an Anthropic Messages event, or a Responses one
+        isinstance(kind, str) and kind.startswith("response.") and kind.endswith(".delta"))
 
 
 def _event(payload: object) -> bytes:
-    """`data: {json}`, after an `event: <type>` line when the item names its type (Responses events)."""
+    """`data: {json}`, after an `event: <type>` line when the item names its type (Responses, Messages)."""
     data = b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
     kind = payload.get("type") if isinstance(payload, dict) else None
     if isinstance(kind, str) and kind.isascii() and kind.isprintable():
@@ -183,8 +186,12 @@ class SSEStream:
         drain: Drain,
         on_end: Callable[[int, dict | None, float | None, float | None, int, bool], None],
         started: float,
+        done: bool = True,
+        error_shape: Callable[[ApiError], dict] | None = None,
     ):
         self.iterator = chunks
+        self.done = done
+        self.error_shape = error_shape or ApiError.body
         self.drain = drain
         self.on_end = on_end
         self.started = started
@@ -218,30 +225,30 @@ class SSEStream:
             kind, item = await _race(_next(self.iterator), watcher, cut)
         except Exception as exc:  # noqa: BLE001 - validation before the first chunk: a plain JSON error
             err = error_for_exception(exc, "stream")
-            await _send_json(send, err.status, err.body())
+            await _send_json(send, err.status, self.error_shape(err))
             return err.status, False
         if kind == "gone":
             return 499, True
         if kind == "cut":
-            await _send_json(send, 503, error_body(SHUTDOWN_MESSAGE, "server_error", None, "server_shutdown"))
+            await _send_json(send, 503, self.error_shape(_shutdown()))
             return 503, False
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         while True:
             if item is _END:
-                await self._send(send, b"data: [DONE]\n\n", more=False)
+                await self._send(send, b"data: [DONE]\n\n" if self.done else b"", more=False)
                 return 200, False
             await self._emit(send, item)
             try:
                 kind, item = await _race(_next(self.iterator), watcher, cut)
             except Exception as exc:  # noqa: BLE001 - a failure mid-stream: one error event
                 err = error_for_exception(exc, "stream")
-                await self._send(send, _event(err.body()))
+                await self._send(send, _event(self.error_shape(err)))
                 item = _END
                 continue
             if kind == "gone":
                 return 200, True
             if kind == "cut":
-                await self._send(send, _event(error_body(SHUTDOWN_MESSAGE, "server_error", None, "server_shutdown")))
+                await self._send(send, _event(self.error_shape(_shutdown())))
                 item = _END
 
     async def _emit(self, send: Send, chunk: object) -> None:
@@ -253,12 +260,16 @@ class SSEStream:
         try:
             data = _event(chunk)
         except (TypeError, ValueError) as exc:
-            data = _event(error_for_exception(exc, "stream chunk").body())
+            data = _event(self.error_shape(error_for_exception(exc, "stream chunk")))
         await self._send(send, data)
 
     @staticmethod
     async def _send(send: Send, data: bytes, more: bool = True) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+def _shutdown() -> ApiError:
+    return ApiError(503, SHUTDOWN_MESSAGE, code="server_shutdown")
 
 
 async def _send_json(send: Send, status: int, body: dict) -> None:

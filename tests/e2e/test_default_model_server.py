@@ -53,7 +53,8 @@ def server(tmp_path_factory):
     jaxchat = shutil.which("jaxchat", path=str(Path(sys.executable).parent)) or "jaxchat"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([jaxchat, "serve", "--port", str(port), "--max-batch", "4", "--max-context", "2048"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's jaxchat
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 900
     while time.time() < deadline:
@@ -234,6 +235,37 @@ def test_openai_responses_api_against_real_model(server):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
     assert err.value.body["param"] == "previous_response_id"
+
+
+def test_anthropic_sdk_against_real_model(server):
+    import anthropic
+    import jsonschema
+
+    base, _, _ = server
+    client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=600)
+    hello = [{"role": "user", "content": "Say hello."}]
+    greedy = {"temperature": 0}  # the anthropic SDK (2.x) has no temperature argument
+    plain = client.messages.create(model=MODEL, max_tokens=8, messages=hello, extra_body=greedy)
+    assert plain.content[0].type == "text" and plain.content[0].text and plain.usage.output_tokens <= 8
+    with client.messages.stream(model=MODEL, max_tokens=8, messages=hello, extra_body=greedy) as stream:
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in plain.content]
+    assert final.stop_reason == plain.stop_reason
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.messages.create(model=MODEL, max_tokens=64, messages=ask, tools=[tool], tool_choice={"type": "any"},
+                                   extra_body=greedy)
+    calls = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and calls and calls[0].name == "get_weather"
+    jsonschema.validate(calls[0].input, tool["input_schema"])
+    results = [{"type": "tool_result", "tool_use_id": c.id, "content": "Sunny, 21 C"} for c in calls]
+    second = client.messages.create(model=MODEL, max_tokens=32, extra_body=greedy, tools=[tool], messages=[
+        *ask, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, {"role": "user", "content": results}])
+    assert second.content and second.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL, max_tokens=8, messages=ask, tools=[tool], tool_choice={"type": "tool", "name": "nope"})
+    assert err.value.body["type"] == "error" and err.value.body["error"]["message"].startswith("tool_choice.name")
 
 
 def test_sigterm_exits_cleanly(server):
