@@ -40,7 +40,7 @@ from jaxchat.chat import (
     ChatTemplate,
     ConstraintRequest,
     RequestError,
-    TemplateError,
+    TemplateRefused,
     chat_format_detect,
     chat_format_prefill,
     chat_parse,
@@ -117,7 +117,7 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
         try:
             prompt = self.template.render(list(request.messages), tools=tools or None, add_generation_prompt=True,
                                           **kwargs)
-        except TemplateError as exc:  # the template refused these messages (e.g. roles that do not alternate)
+        except TemplateRefused as exc:  # e.g. roles that do not alternate; the template's own failures are 500s
             raise RequestError("messages", f"the model's chat template cannot render these messages: {exc}") from None
         prompt_ids = self._checked_prompt(self._encode(prompt, "messages", False), "messages")
         tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)

@@ -13,7 +13,7 @@ from jaxchat.chat.prefill import chat_format_prefill
 from jaxchat.chat.request import ConstraintRequest, chat_constraint_request_from_openai
 from jaxchat.chat.spec import FORMAT_KINDS, ChatFormatSpec, chat_format_make
 from jaxchat.chat.stream import ChatStream, apply_deltas, chat_compute_deltas, chat_finish_reason
-from jaxchat.chat.template import ChatTemplate, TemplateError
+from jaxchat.chat.template import ChatTemplate, TemplateError, TemplateRefused
 
 __all__ = [
     "FORMAT_KINDS",
@@ -26,6 +26,7 @@ __all__ = [
     "ConstraintRequest",
     "RequestError",
     "TemplateError",
+    "TemplateRefused",
     "ToolCall",
     "apply_deltas",
     "chat_compute_deltas",

@@ -21,7 +21,9 @@ Contract:
 - User data is only ever data: Jinja syntax inside a message or tool is rendered as text. Anything
   that goes wrong in a template, including `raise_exception(msg)` and any attempt to reach Python
   internals (an unsafe attribute fails at once rather than rendering as empty), raises
-  `TemplateError` (a `ValueError`).
+  `TemplateError` (a `ValueError`); its subclass `TemplateRefused` is an input the template refused
+  (`raise_exception(msg)`, or a message shape no template can take), whose message is for the
+  request's author, while the others are the template's own failures.
 - `.tools_enabled` tells whether the template renders tools at all (a probe tool shows up in the
   prompt).
 """
@@ -40,7 +42,7 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplate", "TemplateError", "normalize_messages"]
+__all__ = ["ChatTemplate", "TemplateError", "TemplateRefused", "normalize_messages"]
 
 _REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 _PROBE_TOOL = "jaxchat_probe_tool_q7x"
@@ -48,6 +50,15 @@ _PROBE_TOOL = "jaxchat_probe_tool_q7x"
 
 class TemplateError(ValueError):
     """A chat template could not be compiled or rendered, or rejected its input."""
+
+
+class TemplateRefused(TemplateError):
+    """The input was refused: by the template itself (`raise_exception`, e.g. roles that do not
+    alternate) or for a shape no template can take. The message is meant for the request's author."""
+
+
+class _Refusal(jinja2.exceptions.TemplateError):
+    """What `raise_exception` raises inside the template."""
 
 
 # --- the Jinja environment -------------------------------------------------------------------
@@ -99,7 +110,7 @@ class _DictFactory:
 
 
 def _raise_exception(message: Any) -> None:
-    raise jinja2.exceptions.TemplateError(str(message))
+    raise _Refusal(str(message))
 
 
 def _strftime_now(fmt: str) -> str:
@@ -158,7 +169,7 @@ def _plain(value: Any, where: str) -> Any:
         return tuple(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
     if isinstance(value, list):
         return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    raise TemplateError(f"{where}: cannot pass a {type(value).__name__} to a chat template")
+    raise TemplateRefused(f"{where}: cannot pass a {type(value).__name__} to a chat template")
 
 
 def _content_text(content: Any, where: str) -> Any:
@@ -172,7 +183,7 @@ def _content_text(content: Any, where: str) -> Any:
             texts.append(part["text"])
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise TemplateError(f"{where}[{j}]: unsupported content part type {kind!r} (only text parts)")
+            raise TemplateRefused(f"{where}[{j}]: unsupported content part type {kind!r} (only text parts)")
     return "\n".join(texts)
 
 
@@ -189,7 +200,7 @@ def _decode_arguments(arguments: Any) -> Any:
 
 def _tool_call(call: Any, where: str) -> dict:
     if not isinstance(call, dict):
-        raise TemplateError(f"{where}: a tool call must be an object")
+        raise TemplateRefused(f"{where}: a tool call must be an object")
     call = dict(call)
     function = call.get("function")
     if isinstance(function, dict):
@@ -208,19 +219,19 @@ def _tool_call(call: Any, where: str) -> dict:
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
     """OpenAI chat messages in the shape chat templates expect (see the module docstring)."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise TemplateError("messages: must be a list of message objects")
+        raise TemplateRefused("messages: must be a list of message objects")
     out = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, Mapping):
-            raise TemplateError(f"{where}: must be an object, got {type(message).__name__}")
+            raise TemplateRefused(f"{where}: must be an object, got {type(message).__name__}")
         msg = {k: v for k, v in _plain(message, where).items() if v is not None}
         if not isinstance(msg.get("role"), str):
-            raise TemplateError(f"{where}.role: must be a string")
+            raise TemplateRefused(f"{where}.role: must be a string")
         msg["content"] = _content_text(msg.get("content", ""), f"{where}.content")
         if "tool_calls" in msg:
             if not isinstance(msg["tool_calls"], list):
-                raise TemplateError(f"{where}.tool_calls: must be a list")
+                raise TemplateRefused(f"{where}.tool_calls: must be a list")
             msg["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(msg["tool_calls"])]
         reasoning = next((msg[k] for k in _REASONING_KEYS if k in msg), None)
         if reasoning is not None:
@@ -268,6 +279,8 @@ class ChatTemplate:
         variables.update(_plain(template_kwargs, "chat_template_kwargs"))
         try:
             return self._compiled.render(**variables)
+        except _Refusal as exc:
+            raise TemplateRefused(exc.message or "the chat template refused these messages") from exc
         except jinja2.TemplateError as exc:
             raise TemplateError(exc.message or type(exc).__name__) from exc
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError, RecursionError) as exc:
