@@ -12,7 +12,8 @@ through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read 
 `parse_messages_request` (every 400) into the typed request the
 service takes; a `model` other than `service.model_id` is a 404 `model_not_found`
 (an absent `model` means the served one). With an `api_key`, every route but `/health` needs
-`Authorization: Bearer <key>` or `x-api-key: <key>` (compared in constant time), else 401. Every error, including unknown
+`Authorization: Bearer <key>` (on `/v1/messages`, as Anthropic's SDK sends it, `x-api-key: <key>` too;
+compared in constant time), else 401. Every error, including unknown
 routes (404) and wrong methods (405), is an OpenAI error body (on `/v1/messages` an Anthropic one); unexpected exceptions are logged
 and answered with a generic 500. A client that disconnects cancels its request (streamed or not).
 `app.state.drain` is the shutdown coordinator `jaxchat.server.run` drives on SIGTERM; `app.state.metrics`
@@ -48,6 +49,7 @@ from jaxchat.server.sse import ClientGone, Drain, SSEStream, run_until_gone
 __all__ = ["create_app"]
 
 log = logging.getLogger("jaxchat.server")
+ANTHROPIC_ROUTE = "/v1/messages"
 
 
 class _Api:
@@ -65,12 +67,14 @@ class _Api:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if not header and "x-api-key" in request.headers:  # the Anthropic SDK's header
+        anthropic = request.url.path == ANTHROPIC_ROUTE
+        if not header and anthropic and "x-api-key" in request.headers:  # the Anthropic SDK's header
             scheme, token = "bearer", request.headers["x-api-key"]
         elif not header:
+            how = "'Authorization: Bearer <key>' or 'x-api-key: <key>'" if anthropic else "'Authorization: Bearer <key>'"
             raise ApiError(
                 401,
-                "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                f"missing API key: send it as {how}",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -198,7 +202,7 @@ def create_app(service, api_key: str | None = None, limits: Limits | None = None
         Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
         Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
         Route("/v1/responses", api.endpoint(api.responses), methods=["POST"]),
-        Route("/v1/messages", api.endpoint(api.messages, error_shape=_anthropic_error), methods=["POST"]),
+        Route(ANTHROPIC_ROUTE, api.endpoint(api.messages, error_shape=_anthropic_error), methods=["POST"]),
         Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
         Route("/health", api.endpoint(api.health, public=True), methods=["GET"]),
         Route("/metrics", api.endpoint(api.prometheus), methods=["GET"]),
