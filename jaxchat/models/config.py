@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text")  # HF model_type; the family "x" lives in jaxchat.models.x
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe")  # HF model_type; the family "x" lives in jaxchat.models.x
 
 
 class ModelLoadError(ValueError):
@@ -52,6 +52,13 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scale = query_pre_attn_scalar ** -0.5
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
+    # routed experts (qwen3_moe): a layer is sparse unless listed in mlp_only_layers or off decoder_sparse_step
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the kept top-k routing weights to sum 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     # tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
@@ -63,6 +70,8 @@ class ModelConfig:
             raise ModelLoadError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ModelLoadError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ModelLoadError(f"num_experts_per_tok: {self.num_experts_per_tok} is not in 1..{self.num_experts}")
 
     def __hash__(self) -> int:  # rope_scaling is a dict: hash its items so the config can be a static jit arg
         items = tuple(sorted(self.rope_scaling.items())) if self.rope_scaling else None
@@ -78,6 +87,13 @@ class ModelConfig:
         if self.sliding_window is None or self.layer_types is None:
             return (self.sliding_window is not None,) * self.num_layers
         return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    @property
+    def is_sparse(self) -> tuple[bool, ...]:
+        """Per layer: True for a routed-experts (MoE) MLP, as transformers' Qwen3-MoE decides it."""
+        step = max(self.decoder_sparse_step, 1)
+        return tuple(self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % step == 0
+                     for i in range(self.num_layers))
 
     def to_hf_config(self) -> dict:
         """A `config.json`-style dict that `from_hf_config` reads back to an equal config."""
@@ -169,6 +185,20 @@ def from_hf_config(d: dict) -> ModelConfig:
         kw["attention_bias"] = bool(d.get("attention_bias", False))
         if d.get("use_sliding_window"):
             raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen3")
+    elif mt == "qwen3_moe":
+        kw["qk_norm"] = True
+        kw["attention_bias"] = bool(d.get("attention_bias", False))
+        if d.get("use_sliding_window"):
+            raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen3_moe")
+        experts = d.get("num_experts", d.get("num_local_experts"))  # 5.x writes num_local_experts
+        if experts is None:
+            raise ModelLoadError("config.json: missing required field 'num_experts'")
+        kw["num_experts"] = int(experts)
+        kw["num_experts_per_tok"] = int(_req(d, "num_experts_per_tok"))
+        kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
+        kw["norm_topk_prob"] = bool(d.get("norm_topk_prob", False))
+        kw["decoder_sparse_step"] = int(d.get("decoder_sparse_step") or 1)
+        kw["mlp_only_layers"] = tuple(int(i) for i in d.get("mlp_only_layers") or ())
     elif mt == "llama":
         kw["attention_bias"] = bool(d.get("attention_bias", False))
         if d.get("mlp_bias"):
@@ -211,6 +241,15 @@ def to_hf_config(c: ModelConfig) -> dict:
         "bos_token_id": c.bos_token_id,
         "eos_token_id": list(c.eos_token_ids),
     }
+    if c.family == "qwen3_moe":
+        d.update(
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            moe_intermediate_size=c.moe_intermediate_size,
+            norm_topk_prob=c.norm_topk_prob,
+            decoder_sparse_step=c.decoder_sparse_step,
+            mlp_only_layers=list(c.mlp_only_layers),
+        )
     if c.family == "gemma3_text":
         d.update(
             hidden_activation=c.hidden_act,

@@ -1,7 +1,10 @@
 """One row of a family's HF tensor-name table (`Entry`) and the layout conversion each row names.
 
 Contract: a family module's `hf_entries(cfg)` lists one `Entry` per HF tensor: its name, the path of
-the param it fills, the index on the stacked layer axis, its HF shape and how it converts. `convert`
+the param it fills, the index on the stacked layer axis, its HF shape and how it converts. A routed
+experts param ([E, ...] after the layer axis) is filled either whole by one fused HF tensor (converts
+"experts_gate_up", "experts_t") or one expert at a time (`expert`: the index on that axis; `part` is then
+relative to the one expert's slice). `convert`
 turns an HF array ([out, in] layout) into the param's explicit-heads layout, raising
 `ModelLoadError` naming the tensor when the result does not have the param's shape. A leaf module
 besides `config` (the family modules and the loaders import it; it imports neither).
@@ -22,8 +25,9 @@ class Entry:
     path: tuple[str, ...]  # path in the param tree
     layer: int | None  # index on the stacked layer axis, None for a global tensor
     hf_shape: tuple[int, ...]
-    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
+    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads" | "experts_gate_up" | "experts_t"
     part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
+    expert: int | None = None  # index on the experts axis (the first after the layer axis): one expert's tensor
 
 
 def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarray:
@@ -39,6 +43,10 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
         out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
     elif e.convert == "bias_heads":
         out = x.reshape(target_shape)
+    elif e.convert == "experts_gate_up":  # [E, 2F, D] (gate rows, then up rows) -> [E, D, 2, F]
+        out = x.reshape(x.shape[0], 2, -1, x.shape[2]).transpose(0, 3, 1, 2)
+    elif e.convert == "experts_t":  # [E, out, in] -> [E, in, out]
+        out = x.transpose(0, 2, 1)
     else:  # pragma: no cover - tables are static
         raise AssertionError(e.convert)
     if e.part is not None and out.size == int(np.prod(target_shape)):

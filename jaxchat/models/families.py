@@ -2,7 +2,8 @@
 
 Contract: the family "x" (one of `config.FAMILIES`) is implemented by the module `jaxchat.models.x`,
 which defines `Model` (an nnx module built as `Model(cfg, dtype)`) and `hf_entries(cfg)` (its HF
-tensor-name table, a list of `entries.Entry`). `family_module` imports it (an unsupported family
+tensor-name table, a list of `entries.Entry`) and optionally `hf_entries_for(cfg, names)` (the table
+of the naming a checkpoint with those tensor names uses). `family_module` imports it (an unsupported family
 raises `ModelLoadError`); `table(cfg)` is the table keyed by HF name; `abstract_model(cfg, dtype)`
 the (graphdef, abstract nnx state with `axes` metadata) without allocating parameters. The family
 modules never import this module.
@@ -23,8 +24,13 @@ def family_module(family: str) -> ModuleType:
     return importlib.import_module(f"jaxchat.models.{family}")
 
 
-def table(cfg: ModelConfig) -> dict[str, Entry]:
-    return {e.hf: e for e in family_module(cfg.family).hf_entries(cfg)}
+def table(cfg: ModelConfig, names: frozenset[str] | None = None) -> dict[str, Entry]:
+    """The family's table; a family whose checkpoints come in several namings (`hf_entries_for`) picks
+    the one of the tensor `names` given (`hf_entries(cfg)`, its canonical naming, without them)."""
+    mod = family_module(cfg.family)
+    if names is not None and hasattr(mod, "hf_entries_for"):
+        return {e.hf: e for e in mod.hf_entries_for(cfg, names)}
+    return {e.hf: e for e in mod.hf_entries(cfg)}
 
 
 def abstract_model(cfg: ModelConfig, dtype):

@@ -30,7 +30,7 @@ class Tensor:
 
 def check(cfg: ModelConfig, tensors: dict[str, Tensor], ignore: tuple[str, ...] = (), where: str = "") -> dict:
     """Validate names and shapes of a checkpoint against the family table; return the table."""
-    tab = table(cfg)
+    tab = table(cfg, frozenset(tensors))
     src = f" in {where}" if where else ""
     extra = sorted(n for n in tensors if n not in tab and n not in ignore)
     if extra:
@@ -79,6 +79,8 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
         index = () if e.layer is None else (e.layer,)
+        if e.expert is not None:  # one expert of an experts param
+            target, index = target[1:], (*index, e.expert)
         if e.part is not None:
             axis, start, stop = e.part
             target = (*target[:axis], stop - start, *target[axis + 1:])

@@ -26,6 +26,9 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**kw, tie_word_embeddings=True))
     elif family == "qwen3":
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**kw))
+    elif family == "qwen3_moe":
+        moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}
+        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**{**moe, **kw}))
     elif family == "gemma3_text":
         kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
         cfg = tf.Gemma3TextConfig(**kw, sliding_window=8, query_pre_attn_scalar=24, final_logit_softcapping=30.0)

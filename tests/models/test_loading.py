@@ -80,13 +80,16 @@ def test_config_errors_name_the_field():
                                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe"])
 def test_config_round_trip(family, tiny_dirs):
     cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
     back = ModelConfig.from_hf_config(cfg.to_hf_config())
     assert back == cfg and hash(back) == hash(cfg)
     if family == "llama":
         assert cfg.rope_scaling["rope_type"] == "llama3"
+    elif family == "qwen3_moe":  # transformers 5.x writes num_local_experts
+        assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
+        assert cfg.norm_topk_prob and cfg.is_sparse == (True, True, True) and cfg.qk_norm
     else:
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
 
