@@ -1,8 +1,10 @@
 """Tensor-parallel partition specs by logical axes.
 
 Contract: logical axes "heads", "kv_heads", "mlp" and "vocab" map to the mesh axis 'tp' when the
-mesh has one and the dimension divides by its size; anything else (and a non-dividing dimension)
-is replicated. The layer axis of stacked params is never sharded. The same specs serve 1 device
+mesh has one and the dimension divides by its size; the "experts" axis of routed-expert params maps to
+the mesh axis 'ep' when the mesh has one, else to 'tp' (expert parallelism on the engine's 1-D mesh;
+the experts' "mlp" axis is then not split over 'tp' as well); anything else (and a non-dividing
+dimension) is replicated. The layer axis of stacked params is never sharded. The same specs serve 1 device
 (a mesh without 'tp', or tp = 1) and many. The KV cache [L, B, S, KV, D] shards KV heads over 'tp'
 and the batch over 'dp' when the mesh has such an axis.
 """
@@ -22,15 +24,29 @@ def _axis_size(mesh, name: str) -> int:
     return int(mesh.shape[name]) if mesh is not None and name in mesh.shape else 0
 
 
+def expert_mesh_axis(mesh) -> str | None:
+    """The mesh axis the "experts" logical axis shards over: 'ep' when the mesh has one, else 'tp'."""
+    for name in ("ep", "tp"):
+        if _axis_size(mesh, name) > 1:
+            return name
+    return None
+
+
 def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh) -> P:
+    """Each mesh axis shards at most one dimension: "experts" takes `expert_mesh_axis` first (expert
+    parallelism), then the first dividing TP axis takes 'tp' if still free."""
+    ep = expert_mesh_axis(mesh)
+    out: list[str | None] = [None] * len(axes)
+    used: set[str] = set()
+    for i, (name, dim) in enumerate(zip(axes, shape, strict=True)):
+        if name == "experts" and ep is not None and dim % _axis_size(mesh, ep) == 0:
+            out[i] = ep
+            used.add(ep)
     tp = _axis_size(mesh, "tp")
-    out, used = [], False
-    for name, dim in zip(axes, shape, strict=True):
-        if tp > 1 and not used and name in TP_AXES and dim % tp == 0:
-            out.append("tp")
-            used = True
-        else:
-            out.append(None)
+    for i, (name, dim) in enumerate(zip(axes, shape, strict=True)):
+        if tp > 1 and "tp" not in used and name in TP_AXES and dim % tp == 0:
+            out[i] = "tp"
+            used.add("tp")
     return P(*out)
 
 

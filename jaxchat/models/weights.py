@@ -11,7 +11,6 @@ target dtype, stacks layers on axis 0 and places the result (with `NamedSharding
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,7 +73,6 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         if e.path not in buffers:
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
 
-    parts = Counter(e.path for e in tab.values() if e.layer in (None, 0))  # HF tensors per param (per layer)
     for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
@@ -87,11 +85,11 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
             index = (*index, *(slice(None),) * axis, slice(start, stop))
         x = convert(np.asarray(tensors[e.hf].load()), e, target)  # cast on assignment
         buffers[e.path][index if index else ...] = x
-        filled[e.path] += 1
+        filled[e.path] += int(np.prod(target))  # the table's slices of one param never overlap
     for p, n in filled.items():
-        want = (cfg.num_layers if p[0] == "layers" else 1) * max(parts[p], 1)
+        want = int(np.prod(shapes[p][0]))
         if n != want:
-            raise ModelLoadError(f"param {'/'.join(p)} got {n} tensors, expected {want}")
+            raise ModelLoadError(f"param {'/'.join(p)}: the tensors fill {n} of its {want} values")
     specs = None
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
