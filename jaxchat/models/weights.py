@@ -6,7 +6,8 @@ before any data is read). `assemble` checks the whole mapping against the family
 a tensor the table does not know (unmapped), a table entry the checkpoint lacks (missing) or a
 shape that differs from the table's HF shape each raise `ModelLoadError` naming the tensor. It then
 converts every tensor (HF [out, in] layout -> the params' explicit-heads layout), casts to the
-target dtype, stacks layers on axis 0 and places the result (with `NamedSharding`s on a mesh).
+target dtype, stacks layers on axis 0 (a listed family's layers stay per-layer params, rows with
+`layer=None` and paths ("layers", "<i>", ...)) and places the result (with `NamedSharding`s on a mesh).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.entries import convert
-from jaxchat.models.families import abstract_model, table
+from jaxchat.models.families import abstract_model, abstract_params, as_params, table
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,6 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
              where: str = "", desc: str = "loading"):
     """Check, convert, stack and place; returns (graphdef, params pure dict)."""
     import jax
-    from flax import nnx
     from tqdm import tqdm
 
     tab = check(cfg, tensors, ignore, where)
@@ -94,7 +94,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
 
-        specs = param_partition_specs(cfg, nnx.to_pure_dict(abstract), mesh)
+        specs = param_partition_specs(cfg, abstract_params(cfg, dtype), mesh)
     params: dict = {}
     for p in list(buffers):
         buf = buffers.pop(p)  # drop the host copy as soon as it is placed
@@ -106,10 +106,10 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         else:
             spec = _get(specs, p)
             node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, spec))
-    return graphdef, params
+    return graphdef, as_params(params, cfg)
 
 
-def _get(tree: dict, path: tuple[str, ...]):
+def _get(tree, path: tuple[str, ...]):
     for k in path:
-        tree = tree[k]
+        tree = tree[int(k)] if isinstance(tree, tuple) else tree[k]
     return tree
