@@ -8,7 +8,7 @@ raises `ModelLoadError`); `table(cfg)` is the table keyed by HF name; `abstract_
 the (graphdef, abstract nnx state with `axes` metadata) without allocating parameters;
 `abstract_params(cfg, dtype)` the same params as the loaders return them (a pure dict of
 ShapeDtypeStructs; a listed family's `layers` a tuple of per-layer dicts, see `layers.CausalLM`).
-`is_stacked(cfg)`: whether the family stacks its layers. The family modules never import this module.
+`is_stacked(cfg)`: whether the family stacks this config's layers. The family modules never import this module.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def abstract_model(cfg: ModelConfig, dtype):
 
 
 def is_stacked(cfg: ModelConfig) -> bool:
-    """True when the family's layers are one stack (`layers.CausalLM.stacked`), False when listed."""
-    return bool(family_module(cfg.family).Model.stacked)
+    """True when the config's layers are one stack (`layers.CausalLM.is_stacked`), False when listed."""
+    return bool(family_module(cfg.family).Model.is_stacked(cfg))
 
 
 def as_params(pure: dict, cfg: ModelConfig) -> dict:

@@ -307,11 +307,17 @@ class CausalLM(nnx.Module):
     params and cache, or, given `layer_states`, unrolled over per-layer params and caches. Listed families
     (`stacked = False`: layers that differ in shape, e.g. dense and MoE layers, or per-layer head dims) keep
     an `nnx.List` of `block_for(cfg, i, dtype)` and always run unrolled over the per-layer cache, whose
-    per-layer shape is `cache_dims(cfg)` (None: the layer keeps no cache of its own)."""
+    per-layer shape is `cache_dims(cfg)` (None: the layer keeps no cache of its own). A family whose
+    configs may go either way overrides `is_stacked(cfg)` (qwen3_moe: stacked when every layer is sparse)."""
 
     block_cls: type = None  # set by the family module
     gemma = False
     stacked = True
+
+    @classmethod
+    def is_stacked(cls, cfg: ModelConfig) -> bool:
+        """Whether this config's layers are one stack (all alike) or listed."""
+        return cls.stacked
 
     @classmethod
     def block_for(cls, cfg: ModelConfig, i: int, dtype) -> nnx.Module:
@@ -328,6 +334,7 @@ class CausalLM(nnx.Module):
         # The table is stored [embed, vocab]: as the tied lm head that is a plain [d, V] matmul, which
         # XLA:CPU runs ~25% faster than contracting the minor axis of [V, d]; the lookup gathers columns.
         self.embed = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
+        self.stacked = self.is_stacked(cfg)
         if self.stacked:
             self.layers = make_stack(cfg, self.block_cls, dtype)
         else:

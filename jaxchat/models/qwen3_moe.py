@@ -9,8 +9,10 @@ read). Expert params: gate_up [E, d, 2, f] (gate at 0, up at 1; f = moe_intermed
 [E, d] is replicated. `hf_entries(cfg)` is the per-expert naming of the released checkpoints and of
 transformers' `save_pretrained` (`mlp.experts.{j}.gate_proj/up_proj/down_proj.weight`, `mlp.gate.weight`);
 `hf_entries_for(cfg, names)` also reads transformers' in-memory fused naming (`mlp.experts.gate_up_proj`
-[E, 2f, d], `mlp.experts.down_proj` [E, d, f]), per layer whichever the checkpoint has. Layers that
-`mlp_only_layers` / `decoder_sparse_step` make dense are not supported yet (`ModelLoadError`).
+[E, 2f, d], `mlp.experts.down_proj` [E, d, f]), per layer whichever the checkpoint has. When every layer
+is sparse the layers are stacked; layers that `mlp_only_layers` / `decoder_sparse_step` make dense (the
+Qwen3 SwiGLU MLP of `intermediate_size`) make the model a listed one (`layers.CausalLM`), each layer its
+own block and table rows.
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxchat.models import moe
-from jaxchat.models.config import ModelConfig, ModelLoadError
-from jaxchat.models.entries import Entry
+from jaxchat.models.config import ModelConfig
+from jaxchat.models.entries import Entry, listed
 from jaxchat.models.layers import Attention, CacheSlot, CausalLM, RMSNorm, param
-from jaxchat.models.llama import attention_entries, global_entries
-
-MIXED = "config.json: mlp_only_layers / decoder_sparse_step mixing dense and sparse layers is not supported yet"
+from jaxchat.models.llama import LlamaBlock, attention_entries, global_entries, mlp_entries
 
 
 class SparseMLP(nnx.Module):
@@ -70,12 +70,18 @@ class SparseBlock(nnx.Module):
 
 
 class Model(CausalLM):
+    """All layers sparse: one stack of `SparseBlock`s. Dense layers among them (`mlp_only_layers`,
+    `decoder_sparse_step` > 1): listed layers, each a `SparseBlock` or the dense Qwen3 `LlamaBlock`."""
+
     block_cls = SparseBlock
 
-    def __init__(self, cfg: ModelConfig, dtype):
-        if not all(cfg.is_sparse):
-            raise ModelLoadError(MIXED)
-        super().__init__(cfg, dtype)
+    @classmethod
+    def is_stacked(cls, cfg: ModelConfig) -> bool:
+        return all(cfg.is_sparse)
+
+    @classmethod
+    def block_for(cls, cfg: ModelConfig, i: int, dtype) -> nnx.Module:
+        return SparseBlock(cfg, dtype) if cfg.is_sparse[i] else LlamaBlock(cfg, dtype)
 
 
 def _norm_entries(cfg: ModelConfig, i: int) -> list[Entry]:
@@ -105,12 +111,16 @@ def expert_entries(cfg: ModelConfig, i: int, fused: bool) -> list[Entry]:
 
 def hf_entries_for(cfg: ModelConfig, names: Collection[str] | None = None) -> list[Entry]:
     """The table; a layer whose fused `mlp.experts.gate_up_proj` is among `names` uses the fused naming."""
-    out = global_entries(cfg)
-    for i in range(cfg.num_layers):
+    out = []
+    for i, sparse in enumerate(cfg.is_sparse):
         out += attention_entries(cfg, i, bias=cfg.attention_bias, qk_norm=True)
-        out += expert_entries(cfg, i, fused=names is not None and f"model.layers.{i}.mlp.experts.gate_up_proj" in names)
+        if sparse:
+            fused = names is not None and f"model.layers.{i}.mlp.experts.gate_up_proj" in names
+            out += expert_entries(cfg, i, fused)
+        else:
+            out += mlp_entries(cfg, i)
         out += _norm_entries(cfg, i)
-    return out
+    return global_entries(cfg) + (out if Model.is_stacked(cfg) else listed(out))
 
 
 def hf_entries(cfg: ModelConfig) -> list[Entry]:

@@ -18,7 +18,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from jaxchat.models import ModelLoadError, empty_cache, load_model, moe
-from jaxchat.models.qwen3_moe import MIXED
 
 from .conftest import build_tiny
 from .test_parity import TOL, reference_logits
@@ -92,13 +91,26 @@ def test_unnormalised_topk_matches_transformers(tmp_path):
     assert np.abs(_logits(lm, ids) - reference_logits(ref_model, ids)).max() <= TOL
 
 
-@pytest.mark.xfail(raises=ModelLoadError, strict=True, reason=MIXED)
 def test_mixed_dense_and_sparse_layers_match_transformers(tmp_path):
-    ref_model = build_tiny("qwen3_moe", tmp_path, num_hidden_layers=4, mlp_only_layers=[0], decoder_sparse_step=2)
+    """mlp_only_layers and decoder_sparse_step > 1 (dense layers between sparse ones): listed layers, full
+    forward and prefill-then-decode through the per-layer cache equal transformers."""
+    ref_model = build_tiny("qwen3_moe", tmp_path, num_hidden_layers=4, mlp_only_layers=[1], decoder_sparse_step=2,
+                           intermediate_size=48)
     lm = load_model(tmp_path)
-    assert lm.config.is_sparse == (False, True, False, True)
-    ids = np.random.default_rng(7).integers(0, 256, (1, 12))
-    assert np.abs(_logits(lm, ids) - reference_logits(ref_model, ids)).max() <= TOL
+    assert lm.config.is_sparse == (False, False, False, True) and not lm.stacked
+    assert lm.params["layers"][0]["mlp"]["gate_up"].shape == (2, 48, 64)
+    assert lm.params["layers"][3]["mlp"]["gate_up"].shape == (8, 64, 2, 32)
+    ids = np.random.default_rng(7).integers(0, 256, (1, 16))
+    ref = reference_logits(ref_model, ids)
+    assert np.abs(_logits(lm, ids) - ref).max() <= TOL
+    fwd = jax.jit(lm.forward)
+    ck, cv = empty_cache(lm.config, 1, 24, jnp.float32)
+    logits, ck, cv = fwd(lm.params, jnp.asarray(ids[:, :10], jnp.int32), jnp.arange(10, dtype=jnp.int32)[None], ck, cv)
+    got = [np.asarray(logits)]
+    for t in range(10, 16):
+        logits, ck, cv = fwd(lm.params, jnp.asarray(ids[:, t:t + 1], jnp.int32), jnp.full((1, 1), t, jnp.int32), ck, cv)
+        got.append(np.asarray(logits))
+    assert np.abs(np.concatenate(got, axis=1) - ref).max() <= TOL
 
 
 EP_SCRIPT = textwrap.dedent("""
