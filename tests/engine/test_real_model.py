@@ -1,5 +1,5 @@
 """The engine on real model code: a tiny random Qwen2 checkpoint (transformers `save_pretrained` ->
-`load_model`), sharded over 8 fake CPU devices, and one slow test on SmolLM2-135M from its GGUF."""
+`load_model`), a tiny random Qwen3-MoE one through `jaxchat.LLM`, sharded over 8 fake CPU devices, and one slow test on SmolLM2-135M from its GGUF."""
 
 from __future__ import annotations
 
@@ -62,9 +62,6 @@ def isolation_plan(prompt, n):
 
 
 def test_tiny_qwen2_isolation_and_transformers_parity(tmp_path):
-    import torch
-    import transformers
-
     from jaxchat.engine.engine import Engine
     from jaxchat.models import load_model
 
@@ -74,12 +71,52 @@ def test_tiny_qwen2_isolation_and_transformers_parity(tmp_path):
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 20))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 20))
     assert mixed["p"] == alone
+    assert alone == transformers_greedy(ckpt, prompt, 20)
+    assert engine.stats()["compiles_after_warmup"] == 0
+
+
+def transformers_greedy(ckpt: Path, prompt: list[int], n: int, suppress=(263,)) -> list[int]:
+    """transformers' greedy continuation (token 263 is past the byte tokenizer's vocabulary: never sampled)."""
+    import torch
+    import transformers
+
     ref = transformers.AutoModelForCausalLM.from_pretrained(ckpt).eval()
     with torch.no_grad():
-        want = ref.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                            suppress_tokens=[263])[0, len(prompt):].tolist()
-    assert alone == want
-    assert engine.stats()["compiles_after_warmup"] == 0
+        out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, suppress_tokens=list(suppress))
+    return out[0, len(prompt):].tolist()
+
+
+def test_tiny_qwen3_moe_llm_continuous_batching_and_transformers_parity(tmp_path):
+    """A routed-experts model through `jaxchat.LLM(...).generate`: 32 greedy tokens of a prompt alone equal
+    the same prompt's while 3 other requests join it (continuous batching), and transformers'."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jaxchat
+    from tests.models.conftest import build_tiny
+
+    ckpt = tmp_path / "moe"
+    build_tiny("qwen3_moe", ckpt, vocab_size=264, num_hidden_layers=2)
+    byte_tokenizer().save_pretrained(ckpt)
+    prompt = [11, 12, 13, 14, 15, 16, 17]
+    llm = jaxchat.LLM(model=str(ckpt), max_batch=4, max_context=64, warmup=False, constrained=False)  # no eos
+    try:
+        alone = llm.generate(prompt, max_tokens=32, ignore_eos=True).token_ids
+        engine = llm.service.engine
+        steps = engine.stats()["steps"]
+        with ThreadPoolExecutor(4) as pool:
+            mine = pool.submit(llm.generate, prompt, max_tokens=32, ignore_eos=True)
+            others = []
+            for other, n in (([5, 6, 7], 12), (list(range(20, 45)), 20), ([9] * 11, 6)):
+                time.sleep(0.05)  # join while the first request decodes
+                others.append(pool.submit(llm.generate, other, max_tokens=n, ignore_eos=True))
+            mixed = mine.result().token_ids
+            assert [len(o.result().token_ids) for o in others] == [12, 20, 6]
+        assert engine.stats()["steps"] - steps < 32 + 12 + 20 + 6  # the requests shared steps
+    finally:
+        llm.close()
+    assert len(alone) == 32 and mixed == alone
+    assert alone == transformers_greedy(ckpt, prompt, 32)
 
 
 SHARDED = textwrap.dedent("""
