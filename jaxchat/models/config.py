@@ -10,7 +10,10 @@ Contract:
 - `from_hf_config(d)` reads `model_type` (one of `FAMILIES`, or "gemma3" with a `text_config`), the
   rope fields in either the 4.x form (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) or the
   5.x form (`rope_parameters`, per layer type for gemma3). A missing required field or an unsupported
-  rope type raises `ModelLoadError` naming it. `to_hf_config(cfg)` writes a 4.x-style dict that
+  rope type raises `ModelLoadError` naming it. qwen3_moe reads `num_experts` (or 5.x's
+  `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
+  `decoder_sparse_step` and `mlp_only_layers`; `ModelConfig.is_sparse` says per layer whether its MLP is
+  the routed one. `to_hf_config(cfg)` writes a 4.x-style dict that
   `from_hf_config` reads back to an equal config. `ModelConfig.from_hf_config` / `.to_hf_config()`
   are the same functions.
 """
