@@ -2,7 +2,8 @@
 
 Contract: logical axes "heads", "kv_heads", "mlp" and "vocab" map to the mesh axis 'tp' when the
 mesh has one and the dimension divides by its size; anything else (and a non-dividing dimension)
-is replicated. The layer axis of stacked params is never sharded. The same specs serve 1 device
+is replicated. The logical axis "experts" (routed experts' params) maps to the mesh axis 'ep' when the
+mesh has one (expert parallelism; 'tp' still splits the other axes), else to 'tp'. The layer axis of stacked params is never sharded. The same specs serve 1 device
 (a mesh without 'tp', or tp = 1) and many. The KV cache [L, B, S, KV, D] shards KV heads over 'tp'
 and the batch over 'dp' when the mesh has such an axis.
 """
@@ -23,12 +24,18 @@ def _axis_size(mesh, name: str) -> int:
 
 
 def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh) -> P:
-    tp = _axis_size(mesh, "tp")
-    out, used = [], False
+    tp, ep = _axis_size(mesh, "tp"), _axis_size(mesh, "ep")
+    out, used = [], set()
     for name, dim in zip(axes, shape, strict=True):
-        if tp > 1 and not used and name in TP_AXES and dim % tp == 0:
-            out.append("tp")
-            used = True
+        if name == "experts" and ep > 1:
+            target, size = "ep", ep
+        elif name in TP_AXES or name == "experts":
+            target, size = "tp", tp
+        else:
+            target, size = None, 0
+        if target is not None and size > 1 and target not in used and dim % size == 0:
+            out.append(target)
+            used.add(target)
         else:
             out.append(None)
     return P(*out)

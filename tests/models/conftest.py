@@ -34,13 +34,15 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
     elif family == "gpt_oss":
         # 4 layers alternating sliding (window 8 < the 32-token prompts) / full; 8 experts, top 4; the
         # default YaRN rope (factor 32 over 4096 original positions: its ramp falls inside head_dim 16, and
-        # its attention factor scales cos/sin); a low swiglu_limit so that the clamps bite
+        # its attention factor scales cos/sin; max_position_embeddings = factor x original, as transformers
+        # expects); a low swiglu_limit so that the clamps bite
         kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
         kw["intermediate_size"] = overrides.get("intermediate_size", 32)
         kw.setdefault("num_local_experts", 8)
         kw.setdefault("num_experts_per_tok", 4)
         kw.setdefault("sliding_window", 8)
         kw.setdefault("swiglu_limit", 1.0)
+        kw["max_position_embeddings"] = overrides.get("max_position_embeddings", 32 * 4096)  # YaRN's 32 x 4096
         model = tf.GptOssForCausalLM(tf.GptOssConfig(**kw))
     else:
         raise ValueError(family)

@@ -69,3 +69,19 @@ def test_tensor_parallel_matches_single_device(tmp_path):
     proc = subprocess.run([sys.executable, str(script), str(ckpt), str(tmp_path / "orbax")], env=env, check=False,
                           capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0 and "SHARDING-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_experts_axis_goes_to_ep_else_tp():
+    """Routed experts' params shard their "experts" axis over 'ep' when the mesh has one (and 'tp' then splits
+    "mlp"), else over 'tp'; a non-dividing expert count is replicated."""
+    from types import SimpleNamespace
+
+    from jax.sharding import PartitionSpec as P
+
+    from jaxchat.models.sharding import spec_for
+
+    axes, shape = ("experts", "embed", "mlp"), (8, 64, 64)
+    assert spec_for(axes, shape, SimpleNamespace(shape={"tp": 2})) == P("tp", None, None)
+    assert spec_for(axes, shape, SimpleNamespace(shape={"ep": 4, "tp": 2})) == P("ep", None, "tp")
+    assert spec_for(axes, (6, 64, 64), SimpleNamespace(shape={"ep": 4})) == P(None, None, None)
+    assert spec_for(("router", "embed"), (8, 64), SimpleNamespace(shape={"tp": 2})) == P(None, None)
