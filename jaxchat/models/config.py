@@ -198,6 +198,12 @@ def from_hf_config(d: dict) -> ModelConfig:
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             kw[k] = float(d[k]) if d.get(k) is not None else None
         kw["attention_bias"] = bool(d.get("attention_bias", False))
+    rs = kw["rope_scaling"]
+    if rs and rs["rope_type"] == "yarn":
+        if rs.get("original_max_position_embeddings") is None:
+            raise ModelLoadError("config.json: rope_scaling.original_max_position_embeddings is required for yarn")
+        if rs.get("factor") is None:  # as transformers: the context extension ratio
+            rs["factor"] = kw["max_position_embeddings"] / float(rs["original_max_position_embeddings"])
     return ModelConfig(**kw)
 
 
