@@ -106,13 +106,26 @@ EXPERTS_SCRIPT = textwrap.dedent("""
         ck, cv = (jax.device_put(c, cs) for c in empty_cache(m.config, 2, 48))
         diff = np.abs(np.asarray(jax.jit(m.forward)(m.params, ids, pos, ck, cv)[0]) - want).max()
         assert diff <= 1e-4, (names, diff)
+    # the engine (continuous batching, its own ("tp",) mesh: experts over all 8 devices): greedy tokens of
+    # requests joining and leaving equal one device's
+    from jaxchat.engine.engine import Engine
+    from jaxchat.engine.step import make_mesh
+    from tests.engine.test_real_model import isolation_plan, run_plan
+    out = {}
+    for name, devs in (("one", jax.devices()[:1]), ("eight", jax.devices())):
+        e = Engine(load_model(sys.argv[1]), max_batch=4, max_context=48, mesh=make_mesh(devs), start=False,
+                   length_buckets=(32, 48), span_buckets=(48,), warmup=False)  # compile only what runs
+        out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15, 16, 17, 18, 19, 20], 30))
+    spec = e.runner.params["layers"][0]["experts"]["gate_up"].sharding.spec  # the eight devices' engine
+    assert out["one"] == out["eight"] and len(out["one"]["p"]) == 30, out
+    assert spec[0] == "tp", spec
     print("EXPERTS-OK")
 """)
 
 
 def test_expert_parallel_gpt_oss_matches_single_device(tmp_path):
     """The tiny gpt_oss sharded over 8 fake CPU devices, experts over 'tp' alone and over 'ep' (with 'tp' on
-    their hidden units), gives the single device's logits."""
+    their hidden units), gives the single device's logits; through the engine, the same greedy tokens."""
     ckpt = tmp_path / "tiny"
     build_tiny("gpt_oss", ckpt)
     script = tmp_path / "run.py"
