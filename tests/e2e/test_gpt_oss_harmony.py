@@ -54,6 +54,8 @@ def test_required_tool_call_over_the_sdk_streamed_and_not(harmony_dir):
         with Live(service) as live:
             sdk = openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
             model = sdk.models.list().data[0].id
+            # reasoning_effort "none": the grammar then skips the analysis channel, which random weights would
+            # otherwise fill up to max_tokens (a real model closes it with <|end|>)
             body = {"model": model, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
                     "temperature": 0, "max_tokens": 64, "reasoning_effort": "none"}
             plain = sdk.chat.completions.create(**body)
