@@ -24,20 +24,31 @@ FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 
 
 def dequantize(blocks: np.ndarray, scales: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """uint8 blocks [*lead, rows, G, B] and e8m0 scales [*lead, rows, G] -> [*lead, G * 2B, rows] in dtype."""
+    """uint8 blocks [*lead, rows, G, B] and e8m0 scales [*lead, rows, G] -> [*lead, G * 2B, rows] in dtype.
+
+    Converted one leading index (one expert) at a time into the output, so the float32 temporaries stay the
+    size of one expert's matrix."""
     blocks = np.asarray(blocks, np.uint8)
     scales = np.asarray(scales, np.uint8)
     if blocks.shape[:-1] != scales.shape:
         raise ValueError(f"blocks {blocks.shape} and scales {scales.shape} do not pair")
     *lead, rows, g, b = blocks.shape
-    out = np.empty((*lead, rows, g, 2 * b), np.float32)
+    out = np.empty((*lead, g * 2 * b, rows), dtype)
+    flat_out = out.reshape(-1, g * 2 * b, rows)
+    for i, (blk, sc) in enumerate(zip(blocks.reshape(-1, rows, g, b), scales.reshape(-1, rows, g), strict=True)):
+        flat_out[i] = _dequantize_matrix(blk, sc).T
+    return out
+
+
+def _dequantize_matrix(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """blocks [rows, G, B], scales [rows, G] -> float32 [rows, G * 2B]."""
+    rows, g, b = blocks.shape
+    out = np.empty((rows, g, 2 * b), np.float32)
     out[..., 0::2] = FP4_VALUES[blocks & 0x0F]
     out[..., 1::2] = FP4_VALUES[blocks >> 4]
-    # 2 ** (scale - 127) as a float32 power of two (e8m0 255 is NaN, 0 is 2 ** -127: a subnormal)
-    exp = np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
-    out *= exp[..., None]
-    out = out.reshape(*lead, rows, g * 2 * b)
-    return np.ascontiguousarray(np.swapaxes(out, -1, -2)).astype(dtype, copy=False)
+    # 2 ** (scale - 127) as a float32 power of two (e8m0 0 is 2 ** -127, a subnormal)
+    out *= np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)[..., None]
+    return out.reshape(rows, g * 2 * b)
 
 
 def fold_mxfp4(tensors: dict[str, Tensor], dtype=np.float32) -> dict[str, Tensor]:
