@@ -8,7 +8,7 @@ Contract:
   be a static jit argument); an unsupported family or heads that do not group raise `ModelLoadError`,
   the error of a checkpoint that cannot be loaded (its message names the offending tensor, field or file).
 - `from_hf_config(d)` reads `model_type` (one of `FAMILIES`, or "gemma3" with a `text_config`), the
-  rope fields in either the 4.x form (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) or the
+  rope fields (types in `SUPPORTED_ROPE`) in either the 4.x form (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) or the
   5.x form (`rope_parameters`, per layer type for gemma3). A missing required field or an unsupported
   rope type raises `ModelLoadError` naming it. qwen3_moe reads `num_experts` (or 5.x's
   `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe")  # HF model_type; the family "x" lives in jaxchat.models.x
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")  # HF model_type; the family "x" lives in jaxchat.models.x
 
 
 class ModelLoadError(ValueError):
@@ -55,13 +55,19 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # attention scale = query_pre_attn_scalar ** -0.5
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
-    # routed experts (qwen3_moe): a layer is sparse unless listed in mlp_only_layers or off decoder_sparse_step
-    num_experts: int = 0
+    # attention extras (gpt_oss)
+    o_bias: bool = False  # o projection bias
+    attention_sinks: bool = False  # a learned per-head logit in the softmax denominator
+    # routed experts (qwen3_moe: a layer is sparse unless listed in mlp_only_layers or off decoder_sparse_step;
+    # gpt_oss: every layer, each expert's hidden size is `intermediate_size`)
+    num_experts: int = 0  # HF num_experts / num_local_experts
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the kept top-k routing weights to sum 1
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    swiglu_limit: float | None = None  # gpt_oss clamped SwiGLU: gate <= limit, -limit <= up <= limit
+    swiglu_alpha: float = 1.702  # gpt_oss: glu = gate * sigmoid(alpha * gate)
     # tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
@@ -110,7 +116,7 @@ class ModelConfig:
         return replace(self, **kw)
 
 
-SUPPORTED_ROPE = ("default", "llama3", "linear")
+SUPPORTED_ROPE = ("default", "llama3", "linear", "yarn")
 
 
 def _req(d: dict, key: str):
@@ -206,6 +212,8 @@ def from_hf_config(d: dict) -> ModelConfig:
         kw["attention_bias"] = bool(d.get("attention_bias", False))
         if d.get("mlp_bias"):
             raise ModelLoadError("config.json: mlp_bias=true is not supported for llama")
+    elif mt == "gpt_oss":
+        _gpt_oss(d, kw)
     else:  # gemma3_text
         kw["qk_norm"] = True
         kw["hidden_act"] = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
@@ -221,7 +229,39 @@ def from_hf_config(d: dict) -> ModelConfig:
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             kw[k] = float(d[k]) if d.get(k) is not None else None
         kw["attention_bias"] = bool(d.get("attention_bias", False))
+    rs = kw["rope_scaling"]
+    if rs and rs["rope_type"] == "yarn":
+        if rs.get("original_max_position_embeddings") is None:
+            raise ModelLoadError("config.json: rope_scaling.original_max_position_embeddings is required for yarn")
+        if rs.get("factor") is None:  # as transformers: the context extension ratio
+            rs["factor"] = kw["max_position_embeddings"] / float(rs["original_max_position_embeddings"])
     return ModelConfig(**kw)
+
+
+def _gpt_oss(d: dict, kw: dict) -> None:
+    n = kw["num_layers"]
+    kw["attention_bias"] = bool(d.get("attention_bias", True))
+    kw["o_bias"] = kw["attention_bias"]
+    kw["attention_sinks"] = True
+    kw["sliding_window"] = int(_req(d, "sliding_window"))
+    layer_types = d.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    kw["layer_types"] = tuple(layer_types)
+    kw["num_experts"] = int(_req(d, "num_local_experts"))
+    k = d.get("num_experts_per_tok") or d.get("experts_per_token")
+    if not k:
+        raise ModelLoadError("config.json: missing required field 'num_experts_per_tok'")
+    kw["num_experts_per_tok"] = int(k)
+    kw["swiglu_limit"] = float(d.get("swiglu_limit", 7.0))
+    kw["swiglu_alpha"] = float(d.get("swiglu_alpha", 1.702))
+    rp = d.get("rope_parameters") or {}
+    if d.get("rope_theta") is None and rp.get("rope_theta") is None:
+        kw["rope_theta"] = 150000.0  # transformers' GptOssConfig defaults
+    if not d.get("rope_scaling") and not rp:
+        kw["rope_scaling"] = dict(GPT_OSS_YARN)
+
+
+GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
 
 
 def to_hf_config(c: ModelConfig) -> dict:
@@ -262,5 +302,14 @@ def to_hf_config(c: ModelConfig) -> dict:
             query_pre_attn_scalar=c.query_pre_attn_scalar,
             final_logit_softcapping=c.final_logit_softcapping,
             attn_logit_softcapping=c.attn_logit_softcapping,
+        )
+    if c.family == "gpt_oss":
+        d.update(
+            sliding_window=c.sliding_window,
+            layer_types=list(c.layer_types or ()),
+            num_local_experts=c.num_experts,
+            num_experts_per_tok=c.num_experts_per_tok,
+            swiglu_limit=c.swiglu_limit,
+            swiglu_alpha=c.swiglu_alpha,
         )
     return d

@@ -2,7 +2,8 @@
 
 Contract: `load_hf(dir, dtype, mesh)` reads `config.json`, every tensor listed by
 `model.safetensors.index.json` (or all `*.safetensors` files), checks them strictly against the
-family table (see `weights.assemble`), and loads the tokenizer and chat template from the same
+family table (see `weights.assemble`; MXFP4 `_blocks` / `_scales` pairs are first folded into their
+dequantised tensors, `mxfp4.fold_mxfp4`), and loads the tokenizer and chat template from the same
 directory when it has tokenizer files. eos ids come from `generation_config.json` when present.
 """
 
@@ -90,6 +91,13 @@ def load_hf(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
         raise ModelLoadError(f"{d}: no config.json")
     cfg = ModelConfig.from_hf_config(json.loads(cfg_file.read_text()))
     tensors = read_safetensors(safetensors_files(d))
+    if any(n.endswith(("_blocks", "_scales")) for n in tensors):
+        import jax.numpy as jnp
+        import numpy as np
+
+        from jaxchat.models.mxfp4 import fold_mxfp4
+
+        tensors = fold_mxfp4(tensors, np.dtype(jnp.dtype(dtype)))
     graphdef, params = assemble(cfg, tensors, dtype, mesh, ignore=tied_ignores(cfg, tensors), where=str(d),
                                 desc=f"loading {d.name}")
     tok = load_tokenizer(d)

@@ -11,7 +11,11 @@ Contract:
   stored transposed, embed [embed, vocab] (also the tied lm head).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
-  implements the default, "linear" and Llama 3 ("llama3") frequency schedules.
+  implements the default, "linear", Llama 3 ("llama3") and YaRN ("yarn") frequency schedules;
+  `rope_attention_factor` is the factor YaRN multiplies cos and sin by (1 for the others).
+- Attention optionally adds q/k/v biases (`attention_bias`), an o bias (`o_bias`) and, with
+  `attention_sinks`, a learned per-head logit (param `sinks`, axis "heads") that joins the softmax
+  denominator only (gpt-oss): probs = exp(s) / (sum exp(s) + exp(sink)).
 - Attention writes the new k/v into its layer of the cache (scatter; positions < 0 dropped) and
   attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32; with
   `attend_len=S'` (static, larger than every position in the batch) only the first S' cache positions
@@ -81,16 +85,62 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old / hi) & (wavelen <= old / lo)
         return np.where(medium, smoothed, scaled).astype(np.float32)
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, theta, scaling)
     if kind == "default":
         return inv
     raise ValueError(f"rope_scaling.rope_type {kind!r} is not supported")
 
 
-def rope_tables(positions, inv_freq: np.ndarray):
-    """cos, sin of shape [B, T, head_dim] (float32) for absolute positions (negatives clamped to 0)."""
+def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
+    """YaRN: per frequency a blend of the original (extrapolated) and the factor-interpolated frequency,
+    ramping linearly between the dimensions of beta_fast and beta_slow rotations over the original context."""
+    factor = float(scaling["factor"])
+    orig = float(scaling["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+    extra, inter = (1.0 / pos_freqs).astype(np.float32), (1.0 / (np.float32(factor) * pos_freqs)).astype(np.float32)
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    keep = (1 - ramp).astype(np.float32)  # 1: the original frequency
+    return (inter * (1 - keep) + extra * keep).astype(np.float32)
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """The factor cos and sin are multiplied by: YaRN's attention scaling (given, from mscale/mscale_all_dim,
+    or 0.1 ln(factor) + 1), 1.0 for every other schedule."""
+    if not scaling or scaling.get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if m and m_all:
+        return float(mscale(float(m)) / mscale(float(m_all)))
+    return float(mscale())
+
+
+def rope_tables(positions, inv_freq: np.ndarray, scale: float = 1.0):
+    """cos, sin of shape [B, T, head_dim] (float32) for absolute positions (negatives clamped to 0), both
+    multiplied by `scale` (`rope_attention_factor`)."""
     pos = jnp.maximum(positions, 0).astype(jnp.float32)
     freqs = pos[..., None] * jnp.asarray(inv_freq)[None, None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
+    if scale != 1.0:
+        return jnp.cos(emb) * scale, jnp.sin(emb) * scale
     return jnp.cos(emb), jnp.sin(emb)
 
 
@@ -137,10 +187,16 @@ class Attention(nnx.Module):
         self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype)
         if cfg.attention_bias:
             self.qkv_bias = param((kv, h // kv + 2, hd), ("kv_heads", "qkv", "head_dim"), dtype)
+        if cfg.o_bias:
+            self.o_bias = param((d,), ("embed",), dtype)
+        if cfg.attention_sinks:
+            self.sinks = param((h,), ("heads",), dtype)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=gemma_norm)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=gemma_norm)
         self.has_bias = cfg.attention_bias
+        self.has_o_bias = cfg.o_bias
+        self.has_sinks = cfg.attention_sinks
         self.has_qk_norm = cfg.qk_norm
         self.scale = cfg.attn_scale
         self.softcap = cfg.attn_logit_softcapping
@@ -172,7 +228,13 @@ class Attention(nnx.Module):
             scores = jnp.tanh(scores / self.softcap) * self.softcap
         scores = scores.reshape(b, kvh, g, t, -1)
         scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values[0].dtype).reshape(b, kvh, g * t, -1)
+        if self.has_sinks:  # the sink joins the denominator only: exp(s - logaddexp(logsumexp(s), sink))
+            sinks = self.sinks[...].astype(jnp.float32).reshape(1, kvh, g, 1, 1)
+            lse = jnp.logaddexp(jax.nn.logsumexp(scores, axis=-1, keepdims=True), sinks)
+            probs = jnp.exp(scores - lse)
+        else:
+            probs = jax.nn.softmax(scores, axis=-1)
+        probs = probs.astype(values[0].dtype).reshape(b, kvh, g * t, -1)
         out, start = None, 0
         for vc in values:
             w = vc.shape[2]
@@ -180,6 +242,8 @@ class Attention(nnx.Module):
             out, start = part if out is None else out + part, start + w
         out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, hd)
         out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
+        if self.has_o_bias:
+            out = out + self.o_bias[...]
         return out, cache
 
 
@@ -351,7 +415,8 @@ class CausalLM(nnx.Module):
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
         s = attention_span(cache_v, attend_len, per_layer=layer_states is not None or not self.stacked)
-        glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+                           rope_attention_factor(cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob
         mask_g = attention_mask(positions, s, None)

@@ -34,6 +34,19 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         cfg = tf.Gemma3TextConfig(**kw, sliding_window=8, query_pre_attn_scalar=24, final_logit_softcapping=30.0)
         cfg.layer_types = ["sliding_attention", "full_attention"] * (kw["num_hidden_layers"] // 2)
         model = tf.Gemma3ForCausalLM(cfg)
+    elif family == "gpt_oss":
+        # 4 layers alternating sliding (window 8 < the 32-token prompts) / full; 8 experts, top 4; the
+        # default YaRN rope (factor 32 over 4096 original positions: its ramp falls inside head_dim 16, and
+        # its attention factor scales cos/sin; max_position_embeddings = factor x original, as transformers
+        # expects); a low swiglu_limit so that the clamps bite
+        kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
+        kw["intermediate_size"] = overrides.get("intermediate_size", 32)
+        kw.setdefault("num_local_experts", 8)
+        kw.setdefault("num_experts_per_tok", 4)
+        kw.setdefault("sliding_window", 8)
+        kw.setdefault("swiglu_limit", 1.0)
+        kw["max_position_embeddings"] = overrides.get("max_position_embeddings", 32 * 4096)  # YaRN's 32 x 4096
+        model = tf.GptOssForCausalLM(tf.GptOssConfig(**kw))
     else:
         raise ValueError(family)
     model.eval()
@@ -41,6 +54,8 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:
                 p.normal_(0.0, 0.3)
+            elif name.endswith(("sinks", "router.weight", "experts.gate_up_proj", "experts.down_proj")):
+                p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.2)
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}

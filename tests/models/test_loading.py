@@ -74,13 +74,17 @@ def test_config_errors_name_the_field():
     with pytest.raises(ModelLoadError, match="'intermediate_size'"):
         ModelConfig.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
                                     "vocab_size": 4, "num_hidden_layers": 1})
-    with pytest.raises(ModelLoadError, match="rope_type 'yarn'"):
+    with pytest.raises(ModelLoadError, match="rope_type 'longrope'"):
         ModelConfig.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
                                     "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 8,
-                                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+                                    "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
+    with pytest.raises(ModelLoadError, match="'num_local_experts'"):
+        ModelConfig.from_hf_config({"model_type": "gpt_oss", "hidden_size": 8, "num_attention_heads": 2,
+                                    "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 8,
+                                    "sliding_window": 4, "num_experts_per_tok": 2})
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe", "gpt_oss"])
 def test_config_round_trip(family, tiny_dirs):
     cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
     back = ModelConfig.from_hf_config(cfg.to_hf_config())
@@ -90,6 +94,11 @@ def test_config_round_trip(family, tiny_dirs):
     elif family == "qwen3_moe":  # transformers 5.x writes num_local_experts
         assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
         assert cfg.norm_topk_prob and cfg.is_sparse == (True, True, True) and cfg.qk_norm
+    elif family == "gpt_oss":
+        assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_theta == 150000.0
+        assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
+        assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.swiglu_limit) == (8, 4, 1.0)
+        assert cfg.attention_bias and cfg.o_bias and cfg.attention_sinks
     else:
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
 
@@ -99,3 +108,25 @@ def test_not_a_model(tmp_path):
         load_model(tmp_path / "nope")
     with pytest.raises(ModelLoadError, match="not a .gguf file"):
         load_model(tmp_path)
+
+
+def test_gpt_oss_config_of_the_real_checkpoint():
+    """openai/gpt-oss-20b's config.json (transformers 4.x layout: rope_scaling, experts_per_token, an
+    MXFP4 quantization_config) reads to its architecture."""
+    cfg = ModelConfig.from_hf_config({
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
+        "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+        "initial_context_length": 4096, "intermediate_size": 2880, "max_position_embeddings": 131072,
+        "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+        "num_key_value_heads": 8, "num_local_experts": 32, "pad_token_id": 199999,
+        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                           "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+        "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                                "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                                "truncate": False},
+        "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+        "vocab_size": 201088})
+    assert (cfg.num_layers, cfg.num_experts, cfg.num_experts_per_tok, cfg.head_dim) == (24, 32, 4, 64)
+    assert cfg.is_sliding[:4] == (True, False, True, False) and cfg.sliding_window == 128
+    assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.eos_token_ids == (200002,)
+    assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg

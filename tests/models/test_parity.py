@@ -167,3 +167,19 @@ def test_step_models_of_both_layouts_agree(loaded):
     want, _, _ = stacked.forward(stacked.params, ids, pos, ck, cv, attend_len=16)
     got, _, _ = unrolled.forward(unrolled.params, ids, pos, *unrolled.new_cache(2, 24, (8, 16)), attend_len=16)
     assert np.abs(np.asarray(got) - np.asarray(want)).max() <= TOL
+
+
+@pytest.mark.parametrize("family", [f for f in ("gpt_oss",) if f in FAMILIES])
+def test_routed_experts_grouped_path_matches_transformers(family, tiny_dirs, loaded):
+    """Enough tokens that the routed assignments exceed `moe.SCAN_MAX_ROWS`: the experts run as one grouped
+    matmul (`jax.lax.ragged_dot`) instead of the per-row scan, with transformers' logits."""
+    from jaxchat.models import moe
+
+    _, ref_model = tiny_dirs[family]
+    lm = loaded[family]
+    ids = np.random.default_rng(6).integers(0, 256, (3, 32))
+    assert ids.size * lm.config.num_experts_per_tok > moe.SCAN_MAX_ROWS
+    ck, cv = empty_cache(lm.config, 3, 32, jnp.float32)
+    pos = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (3, 32))
+    logits, _, _ = jax.jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, ck, cv)
+    assert np.abs(np.asarray(logits) - reference_logits(ref_model, ids)).max() <= TOL
