@@ -22,7 +22,7 @@ class Entry:
     path: tuple[str, ...]  # path in the param tree
     layer: int | None  # index on the stacked layer axis, None for a global tensor
     hf_shape: tuple[int, ...]
-    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
+    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads" | "experts_t"
     part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
 
 
@@ -37,6 +37,8 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
     elif e.convert == "out_heads":  # [D, H*hd] -> [H, hd, D]
         h, hd = target_shape[0], target_shape[1]
         out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
+    elif e.convert == "experts_t":  # per expert [out, in] -> [in, out]: [E, out, in] -> [E, in, out]
+        out = x.transpose(0, 2, 1)
     elif e.convert == "bias_heads":
         out = x.reshape(target_shape)
     else:  # pragma: no cover - tables are static
