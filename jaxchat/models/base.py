@@ -30,6 +30,10 @@ Contract:
   (transposed) and values [B, num_kv_heads, w, head_dim]; with `attend_len` only the chunks below it
   are written and read. The forward is then a Python loop over layers (no per-layer dynamic slice of
   weights or cache, which XLA on CPU copies) and returns the caches as tuples of tuples.
+- Listed families (`layers.CausalLM.stacked` False: layers of different shapes) have one layout, the
+  per-layer one: params["layers"] is a tuple of per-layer dicts, the cache per layer (`layer_cache`,
+  which `empty_cache` also returns for them), and `forward` runs it whatever `layout` says;
+  `step_model` gives "unrolled" on every platform.
 - `LoadedModel.step_model(params, platform) -> StepModel`: everything the step runner needs, stated
   instead of probed: the layout for that platform ("unrolled" on "cpu", else "stacked"), the params
   in that layout, the forward with the layout bound, the cache builder
@@ -81,12 +85,19 @@ class LoadedModel:
         self.bos_token_id = bos_token_id if bos_token_id is not None else config.bos_token_id
         self.mesh = mesh
         self.source = source
+        from jaxchat.models.families import is_stacked
+
+        self.stacked = is_stacked(config)  # False: a listed family (`layers.CausalLM`), unrolled only
 
     def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None,
                 attend_len=None, head_vd=None, layout: Layout = "stacked"):
         """Pure forward over the cache, params and cache in `layout`; see the module docstring."""
         from flax import nnx
 
+        if not self.stacked:  # a listed family: its per-layer params and caches are its only layout
+            module = nnx.merge(self.graphdef, {**params, "layers": dict(enumerate(params["layers"]))})
+            return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len,
+                          head_vd=head_vd)
         if layout == "unrolled":  # per-layer params (`unstack_layers`): a Python loop over the layers
             layers = params["layers"]
             module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
@@ -104,6 +115,10 @@ class LoadedModel:
         speeds up batched logits (`docs/benchmarks.md` has the numbers). Elsewhere the stacked layers are scanned. The
         forward is `self.forward` with the layout bound (so a wrapper installed on `model.forward` sees
         every step)."""
+        if not self.stacked:
+            return StepModel(layout="unrolled", params=params, forward=functools.partial(self.forward, layout="unrolled"),
+                             new_cache=self.layer_cache, attention_spans=True,
+                             vocab_major_head=self.vocab_major_head if platform == "cpu" else None)
         if platform == "cpu":
             return StepModel(layout="unrolled", params=unstack_layers(params),
                              forward=functools.partial(self.forward, layout="unrolled"),
@@ -149,7 +164,7 @@ class LoadedModel:
         return cache_partition_spec(self.config, mesh)
 
     def empty_cache(self, batch: int, max_len: int):
-        """The stacked cache (see `empty_cache`)."""
+        """The stacked cache (see `empty_cache`; a listed family's per-layer one)."""
         return empty_cache(self.config, batch, max_len, self.dtype)
 
     def __repr__(self) -> str:
@@ -159,8 +174,14 @@ class LoadedModel:
 
 
 def empty_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32"):
-    """Zeroed (cache_k, cache_v), each [num_layers, batch, max_len, num_kv_heads, head_dim]."""
+    """Zeroed (cache_k, cache_v), each [num_layers, batch, max_len, num_kv_heads, head_dim]; for a listed
+    family (layers of different shapes) its per-layer cache in one chunk (`layer_cache`)."""
     import jax.numpy as jnp
+
+    from jaxchat.models.families import is_stacked
+
+    if not is_stacked(config):
+        return layer_cache(config, batch, max_len, dtype)
 
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
     return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
@@ -170,16 +191,24 @@ def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32", 
     """Zeroed per-layer caches, each layer cut along positions at every span in `spans` below max_len (none:
     one chunk), each chunk its own buffer: keys, a tuple of num_layers tuples of [batch, num_kv_heads,
     head_dim, w] (stored transposed, so decode attention is a plain batched matmul), and values, the same
-    of [batch, num_kv_heads, w, head_dim]. Attending over one of those spans (`attend_len`) then reads and
+    of [batch, num_kv_heads, w, head_dim]; num_kv_heads and head_dim per layer as the family's
+    `Model.cache_dims` gives them, and a layer without a cache of its own gets empty tuples. Attending
+    over one of those spans (`attend_len`) then reads and
     writes whole buffers: on CPU, slicing a prefix out of one buffer is a copy that cost more than the
     attention itself."""
     import jax.numpy as jnp
 
-    kv, hd = config.num_kv_heads, config.head_dim
+    from jaxchat.models.families import family_module
+
+    dims = family_module(config.family).Model.cache_dims(config)  # per layer (kv heads, head dim) or None
     ends = sorted({int(s) for s in spans if 0 < int(s) < max_len} | {max_len})
     widths = [end - start for start, end in zip([0, *ends[:-1]], ends, strict=True)]
-    return (tuple(tuple(jnp.zeros((batch, kv, hd, w), dtype) for w in widths) for _ in range(config.num_layers)),
-            tuple(tuple(jnp.zeros((batch, kv, w, hd), dtype) for w in widths) for _ in range(config.num_layers)))
+
+    def chunks(dim, shape):
+        return () if dim is None else tuple(jnp.zeros(shape(*dim, w), dtype) for w in widths)
+
+    return (tuple(chunks(d, lambda kv, hd, w: (batch, kv, hd, w)) for d in dims),
+            tuple(chunks(d, lambda kv, hd, w: (batch, kv, w, hd)) for d in dims))
 
 
 def unstack_layers(params: dict) -> dict:

@@ -3,13 +3,15 @@
 Contract: a family module's `hf_entries(cfg)` lists one `Entry` per HF tensor: its name, the path of
 the param it fills, the index on the stacked layer axis, its HF shape and how it converts. `convert`
 turns an HF array ([out, in] layout) into the param's explicit-heads layout, raising
-`ModelLoadError` naming the tensor when the result does not have the param's shape. A leaf module
+`ModelLoadError` naming the tensor when the result does not have the param's shape. `listed(rows)`
+turns rows of a stacked table into the rows of a listed family (`layers.CausalLM.stacked` False): layer
+i's rows fill the params at ("layers", "<i>", ...) instead of index i of a stacked param. A leaf module
 besides `config` (the family modules and the loaders import it; it imports neither).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,3 +50,10 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
     if tuple(out.shape) != tuple(target_shape):
         raise ModelLoadError(f"tensor {e.hf!r}: converted shape {out.shape} != param shape {target_shape}")
     return out
+
+
+def listed(rows: list[Entry]) -> list[Entry]:
+    """The rows of a stacked table (layer i at index i of ("layers", ...)) for a listed family's per-layer
+    params ("layers", "<i>", ...)."""
+    return [e if e.layer is None else replace(e, path=("layers", str(e.layer), *e.path[1:]), layer=None)
+            for e in rows]

@@ -305,13 +305,8 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
     graphdef, state = nnx.split(layers)
     n = len(sliding)
     if layer_states is not None:
-        cks, cvs = list(cache_k), list(cache_v)
-        slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True)
-        for i, st in enumerate(layer_states):
-            block = nnx.merge(graphdef, st)
-            j = 1 if sliding[i] else 0
-            x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], slot)
-        return x, tuple(cks), tuple(cvs)
+        blocks = [nnx.merge(graphdef, st) for st in layer_states]
+        return run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset)
 
     def body(carry, xs):
         h, ck, cv = carry
@@ -328,19 +323,48 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
     return x, cache_k, cache_v
 
 
+def run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0):
+    """Run a listed family's blocks in order over their per-layer caches (see `run_stack`'s unrolled loop)."""
+    cks, cvs = list(cache_k), list(cache_v)
+    slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True)
+    for i, block in enumerate(blocks):
+        j = 1 if sliding[i] else 0
+        x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], slot)
+    return x, tuple(cks), tuple(cvs)
+
+
 class CausalLM(nnx.Module):
-    """Embedding, the stack of `block_cls`, final norm and (tied or own) lm head. The stack is scanned over
-    the stacked params and cache, or, given `layer_states`, unrolled over per-layer params and caches."""
+    """Embedding, the layers, final norm and (tied or own) lm head.
+
+    Stacked families (`stacked = True`, every layer a `block_cls`): the stack is scanned over the stacked
+    params and cache, or, given `layer_states`, unrolled over per-layer params and caches. Listed families
+    (`stacked = False`: layers that differ in shape, e.g. dense and MoE layers, or per-layer head dims) keep
+    an `nnx.List` of `block_for(cfg, i, dtype)` and always run unrolled over the per-layer cache, whose
+    per-layer shape is `cache_dims(cfg)` (None: the layer keeps no cache of its own)."""
 
     block_cls: type = None  # set by the family module
     gemma = False
+    stacked = True
+
+    @classmethod
+    def block_for(cls, cfg: ModelConfig, i: int, dtype) -> nnx.Module:
+        """Layer i's block (listed families)."""
+        return cls.block_cls(cfg, dtype)
+
+    @classmethod
+    def cache_dims(cls, cfg: ModelConfig) -> tuple[tuple[int, int] | None, ...]:
+        """Per layer (num_kv_heads, head_dim) of its own cache, or None where the layer keeps none."""
+        return ((cfg.num_kv_heads, cfg.head_dim),) * cfg.num_layers
 
     def __init__(self, cfg: ModelConfig, dtype):
         self.config = cfg
         # The table is stored [embed, vocab]: as the tied lm head that is a plain [d, V] matmul, which
         # XLA:CPU runs ~25% faster than contracting the minor axis of [V, d]; the lookup gathers columns.
         self.embed = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
-        self.layers = make_stack(cfg, self.block_cls, dtype)
+        if self.stacked:
+            self.layers = make_stack(cfg, self.block_cls, dtype)
+        else:
+            self.layers = nnx.List([self.block_for(cfg, i, dtype) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, gemma=self.gemma)
         if not cfg.tie_word_embeddings:
             self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
@@ -352,14 +376,18 @@ class CausalLM(nnx.Module):
         x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        s = attention_span(cache_v, attend_len, per_layer=layer_states is not None)
+        s = attention_span(cache_v, attend_len, per_layer=layer_states is not None or not self.stacked)
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob
         mask_g = attention_mask(positions, s, None)
         mask_l = attention_mask(positions, s, cfg.sliding_window) if cfg.sliding_window else mask_g
-        x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v, (glob, local),
-                                        (mask_g, mask_l), cfg.is_sliding, row_offset, layer_states)
+        if self.stacked:
+            x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v, (glob, local),
+                                            (mask_g, mask_l), cfg.is_sliding, row_offset, layer_states)
+        else:
+            x, cache_k, cache_v = run_listed(self.layers, x, positions, cache_k, cache_v, (glob, local),
+                                             (mask_g, mask_l), cfg.is_sliding, row_offset)
         if logits_index is not None:  # only the needed position per row: [B, 1, D]
             x = jnp.take_along_axis(x, logits_index.astype(jnp.int32)[:, None, None], axis=1)
         x = self.final_norm(x)

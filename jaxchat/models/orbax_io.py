@@ -50,16 +50,15 @@ def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
 def load_orbax(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
     import jax
     import orbax.checkpoint as ocp
-    from flax import nnx
 
-    from jaxchat.models.families import abstract_model
+    from jaxchat.models.families import abstract_model, abstract_params
     from jaxchat.models.hf_loader import load_tokenizer
 
     path = Path(path).absolute()
     meta = json.loads((path / MARKER).read_text())
     cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
-    graphdef, abstract = abstract_model(cfg, dtype)
-    shapes = nnx.to_pure_dict(abstract)
+    graphdef, _ = abstract_model(cfg, dtype)
+    shapes = abstract_params(cfg, dtype)
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
 

@@ -13,7 +13,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.models.config import ModelConfig
-from jaxchat.models.families import abstract_model
+from jaxchat.models.families import abstract_model, as_params, is_stacked
 
 TP_AXES = ("heads", "kv_heads", "mlp", "vocab")
 
@@ -37,17 +37,18 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh) -> P:
 def param_axes(cfg: ModelConfig, dtype="float32") -> dict:
     """Pure dict (same structure as params) of logical-axis tuples, incl. the leading 'layers' axis."""
     _, abstract = abstract_model(cfg, dtype)
+    stacked = is_stacked(cfg)
     out: dict = {}
     for path, var in jax.tree_util.tree_flatten_with_path(abstract, is_leaf=_is_variable)[0]:
         keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
         axes = tuple(var.get_metadata().get("axes", ()))
-        if keys[0] == "layers":
+        if keys[0] == "layers" and stacked:
             axes = ("layers", *axes)
         node = out
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = axes
-    return out
+    return as_params(out, cfg)
 
 
 def _is_variable(x) -> bool:
@@ -63,6 +64,8 @@ def param_partition_specs(cfg: ModelConfig, params: dict, mesh) -> dict:
     def walk(p, a):
         if isinstance(p, dict):
             return {k: walk(v, a[k]) for k, v in p.items()}
+        if isinstance(p, tuple):  # a listed family's layers
+            return tuple(walk(v, av) for v, av in zip(p, a, strict=True))
         return spec_for(a, tuple(p.shape), mesh)
 
     return walk(params, axes)

@@ -6,7 +6,8 @@ before any data is read). `assemble` checks the whole mapping against the family
 a tensor the table does not know (unmapped), a table entry the checkpoint lacks (missing) or a
 shape that differs from the table's HF shape each raise `ModelLoadError` naming the tensor. It then
 converts every tensor (HF [out, in] layout -> the params' explicit-heads layout), casts to the
-target dtype, stacks layers on axis 0 and places the result (with `NamedSharding`s on a mesh).
+target dtype, stacks layers on axis 0 (a listed family's layers stay per-layer params, rows with
+`layer=None` and paths ("layers", "<i>", ...)) and places the result (with `NamedSharding`s on a mesh).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.entries import convert
-from jaxchat.models.families import abstract_model, table
+from jaxchat.models.families import abstract_model, abstract_params, as_params, table
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,6 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
              where: str = "", desc: str = "loading"):
     """Check, convert, stack and place; returns (graphdef, params pure dict)."""
     import jax
-    from flax import nnx
     from tqdm import tqdm
 
     tab = check(cfg, tensors, ignore, where)
@@ -75,6 +75,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
 
     parts = Counter(e.path for e in tab.values() if e.layer in (None, 0))  # HF tensors per param (per layer)
+    stacked = {e.path for e in tab.values() if e.layer is not None}  # params with a leading layer axis
     for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
         full = shapes[e.path][0]
         target = full[1:] if e.layer is not None else full
@@ -95,7 +96,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
 
-        specs = param_partition_specs(cfg, nnx.to_pure_dict(abstract), mesh)
+        specs = param_partition_specs(cfg, abstract_params(cfg, dtype), mesh)
     params: dict = {}
     for p in list(buffers):
         buf = buffers.pop(p)  # drop the host copy as soon as it is placed
@@ -107,10 +108,10 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         else:
             spec = _get(specs, p)
             node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, spec))
-    return graphdef, params
+    return graphdef, as_params(params, cfg)
 
 
-def _get(tree: dict, path: tuple[str, ...]):
+def _get(tree, path: tuple[str, ...]):
     for k in path:
-        tree = tree[k]
+        tree = tree[int(k)] if isinstance(tree, tuple) else tree[k]
     return tree
