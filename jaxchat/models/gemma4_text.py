@@ -190,13 +190,9 @@ class Model(CausalLM):
                      for i, src in enumerate(cfg.kv_sources))
 
     def __init__(self, cfg: ModelConfig, dtype):
-        self.config = cfg
+        super().__init__(cfg, dtype)  # embed, the nnx.List of blocks, lm_head
         d = cfg.hidden_size
-        self.embed = param((d, cfg.vocab_size), ("embed", "vocab"), dtype)
-        self.layers = nnx.List([self.block_for(cfg, i, dtype) for i in range(cfg.num_layers)])
-        self.final_norm = Norm(d, cfg.rms_norm_eps, dtype)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = param((d, cfg.vocab_size), ("embed", "vocab"), dtype)
+        self.final_norm = Norm(d, cfg.rms_norm_eps, dtype)  # w, not 1 + w
         p = cfg.per_layer_input_size
         if p:
             lp = cfg.num_layers * p
@@ -217,7 +213,8 @@ class Model(CausalLM):
 
     def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None,
                  attend_len=None, head_vd=None):
-        """The per-layer cache (`cache_dims`; None for KV-shared layers); see `base.LoadedModel.forward`."""
+        """Over the per-layer cache (`base.layer_cache` from `cache_dims`: empty for KV-shared layers); see
+        `base.LoadedModel.forward`. `layer_states` is not used: a listed model's params hold its layers."""
         cfg = self.config
         table = self.embed[...]
         x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
@@ -231,8 +228,7 @@ class Model(CausalLM):
         masks = (attention_mask(positions, s, None), attention_mask(positions, s, cfg.sliding_window))
         slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True)
         cks, cvs = list(cache_k), list(cache_v)
-        blocks = self.layers if layer_states is None else _merged(self.layers, layer_states)
-        for i, block in enumerate(blocks):
+        for i, block in enumerate(self.layers):
             j = 1 if cfg.is_sliding[i] else 0
             src = cfg.kv_sources[i]
             own = i if src is None else src
@@ -252,11 +248,6 @@ class Model(CausalLM):
             cap = cfg.final_logit_softcapping
             logits = jnp.tanh(logits / cap) * cap
         return logits.astype(jnp.float32), tuple(cks), tuple(cvs)
-
-
-def _merged(layers, layer_states):
-    """The blocks of `layers` with their params replaced by the per-layer `layer_states`."""
-    return [nnx.merge(nnx.graphdef(block), st) for block, st in zip(layers, layer_states, strict=True)]
 
 
 NORMS = {  # HF name -> param name

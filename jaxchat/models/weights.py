@@ -87,7 +87,6 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         x = convert(np.asarray(tensors[e.hf].load()), e, target)  # cast on assignment
         buffers[e.path][index if index else ...] = x
         filled[e.path] += 1
-    stacked = {e.path for e in tab.values() if e.layer is not None}  # filled once per layer
     for p, n in filled.items():
         want = (cfg.num_layers if p in stacked else 1) * max(parts[p], 1)
         if n != want:

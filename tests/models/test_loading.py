@@ -80,13 +80,22 @@ def test_config_errors_name_the_field():
                                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gemma4_text"])
 def test_config_round_trip(family, tiny_dirs):
     cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
     back = ModelConfig.from_hf_config(cfg.to_hf_config())
     assert back == cfg and hash(back) == hash(cfg)
     if family == "llama":
         assert cfg.rope_scaling["rope_type"] == "llama3"
+    elif family == "gemma4_text":  # per layer type head dims and kv heads, KV sharing, the MoE block
+        assert cfg.is_sliding == (True, True, False, True, True, False) and cfg.sliding_window == 8
+        assert [cfg.layer_head_dim(i) for i in range(6)] == [16, 16, 32, 16, 16, 32]
+        assert [cfg.layer_kv_heads(i) for i in range(6)] == [2, 2, 1, 2, 2, 1]
+        assert cfg.kv_sources == (None, None, None, None, 3, 2)
+        assert cfg.rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+        assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
+        wrapped = {"model_type": "gemma4", "text_config": json.loads((tiny_dirs[family][0] / "config.json").read_text())}
+        assert ModelConfig.from_hf_config(wrapped) == cfg
     else:
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
 
