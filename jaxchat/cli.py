@@ -14,12 +14,15 @@ import logging
 import os
 import sys
 
+from jaxchat.models.load import DTYPES
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF directory, .gguf file or orbax checkpoint (default: Qwen2.5-Coder-0.5B-Instruct)")
     p.add_argument("--max-batch", type=int, default=8, help="concurrent sequences (slots)")
     p.add_argument("--max-context", type=int, default=4096, help="tokens per sequence (prompt + completion)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weights and activations; auto: bfloat16 on TPU and GPU, float32 on CPU")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     convert = sub.add_parser("convert", help="convert a checkpoint (HF directory or .gguf) to an orbax checkpoint")
     convert.add_argument("src")
     convert.add_argument("dst")
-    convert.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    convert.add_argument("--dtype", choices=DTYPES, default="auto")
     sub.add_parser("bench", help="list the benchmark scripts under bench/")
     return parser
 

@@ -38,7 +38,7 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "float32",
+    def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "auto",
                  limits: Limits | None = None, **kwargs) -> None:
         self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype, **kwargs),
                     limits)

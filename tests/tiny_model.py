@@ -4,7 +4,9 @@
 hidden-64 random Qwen2 over the full Qwen2.5 vocabulary, next to the REAL Qwen2.5 tokenizer and chat
 template taken from the default model's GGUF; `template` replaces the chat template by the named real
 template (e.g. "Qwen-QwQ-32B.jinja" for a reasoning format) and `special_tokens` are added to the
-vocabulary (another format's markers, as single tokens; the model's logits grow to cover them). `build_chat_service(dir)` then runs the
+vocabulary (another format's markers, as single tokens; the model's logits grow to cover them); `model`
+(vocab size -> a random transformers model) replaces the tiny Qwen2 by another family's tiny model.
+`build_chat_service(dir)` then runs the
 whole real pipeline with random weights: outputs are gibberish, but constrained requests still produce
 valid calls/JSON and greedy outputs are deterministic.
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 
 def tiny_chat_model(directory: str | Path, template: str | None = None, seed: int = 0,
-                    special_tokens: tuple[str, ...] = ()) -> Path:
+                    special_tokens: tuple[str, ...] = (), model=None) -> Path:
     out = Path(directory)
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
@@ -37,12 +39,17 @@ def tiny_chat_model(directory: str | Path, template: str | None = None, seed: in
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=151643, eos_token_id=151645,
-    )
-    Qwen2ForCausalLM(config).eval().save_pretrained(str(tmp), safe_serialization=True)
+    vocab_size = -(-len(tokenizer) // 64) * 64
+    if model is None:
+        config = Qwen2Config(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+            bos_token_id=151643, eos_token_id=151645,
+        )
+        net = Qwen2ForCausalLM(config)
+    else:
+        net = model(vocab_size)
+    net.eval().save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     try:
         tmp.rename(out)

@@ -1,6 +1,6 @@
 """Build the serving pipeline for a model path: engine, grammar engine and `ChatService` in one call.
 
-Contract: `build_chat_service(model=None, max_batch=8, max_context=4096, dtype="float32",
+Contract: `build_chat_service(model=None, max_batch=8, max_context=4096, dtype="auto",
 constrained=True, **engine_kwargs)` loads `model` (an HF directory, a GGUF file or an orbax
 checkpoint; None = the default model asset), starts an engine and, unless `constrained` is False, a
 grammar engine over the same tokenizer and vocabulary, and returns the `ChatService` serving it
@@ -27,7 +27,7 @@ def model_id_for(path) -> str:
     return name
 
 
-def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "float32",
+def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "auto",
                        constrained: bool = True, **engine_kwargs) -> ChatService:
     from jaxchat.assets import DEFAULT_MODEL, asset_path
     from jaxchat.constrain import GrammarEngine

@@ -85,7 +85,7 @@ class Engine:
             self.start()
 
     @classmethod
-    def from_path(cls, path: str | None = None, *, dtype: str = "float32", max_batch: int = 16,
+    def from_path(cls, path: str | None = None, *, dtype: str = "auto", max_batch: int = 16,
                   max_context: int = 2048, **kwargs: Any) -> Engine:
         """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) and build an engine."""
         from jaxchat.models import load_model

@@ -58,6 +58,15 @@ from jaxchat.models.config import ModelConfig
 Layout = Literal["stacked", "unrolled"]
 
 
+class RecurrentState(NamedTuple):
+    """A layer's per-row state that is not a KV cache (`CausalLM.cache_dims`): a convolution window, a
+    recurrent matrix. `layer_cache` gives the layer one zeroed array [batch, *shape] per shape as its
+    cache_k entry (cache_v is empty); a row's state is the model's to reset (at position 0) and advance."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str | None = None  # None: the model dtype
+
+
 class StepModel(NamedTuple):
     """How the step runner runs a model: built by the model (`LoadedModel.step_model`), never probed."""
 
@@ -192,7 +201,8 @@ def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32", 
     one chunk), each chunk its own buffer: keys, a tuple of num_layers tuples of [batch, num_kv_heads,
     head_dim, w] (stored transposed, so decode attention is a plain batched matmul), and values, the same
     of [batch, num_kv_heads, w, head_dim]; num_kv_heads and head_dim per layer as the family's
-    `Model.cache_dims` gives them, and a layer without a cache of its own gets empty tuples. Attending
+    `Model.cache_dims` gives them, a layer without a cache of its own gets empty tuples, and a layer with
+    a `RecurrentState` gets its state arrays [batch, *shape] as keys and no values. Attending
     over one of those spans (`attend_len`) then reads and
     writes whole buffers: on CPU, slicing a prefix out of one buffer is a copy that cost more than the
     attention itself."""
@@ -204,11 +214,15 @@ def layer_cache(config: ModelConfig, batch: int, max_len: int, dtype="float32", 
     ends = sorted({int(s) for s in spans if 0 < int(s) < max_len} | {max_len})
     widths = [end - start for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
-    def chunks(dim, shape):
-        return () if dim is None else tuple(jnp.zeros(shape(*dim, w), dtype) for w in widths)
+    def chunks(dim, shape, is_key: bool):
+        if dim is None:
+            return ()
+        if isinstance(dim, RecurrentState):
+            return tuple(jnp.zeros((batch, *s), dim.dtype or dtype) for s in dim.shapes) if is_key else ()
+        return tuple(jnp.zeros(shape(*dim, w), dtype) for w in widths)
 
-    return (tuple(chunks(d, lambda kv, hd, w: (batch, kv, hd, w)) for d in dims),
-            tuple(chunks(d, lambda kv, hd, w: (batch, kv, w, hd)) for d in dims))
+    return (tuple(chunks(d, lambda kv, hd, w: (batch, kv, hd, w), True) for d in dims),
+            tuple(chunks(d, lambda kv, hd, w: (batch, kv, w, hd), False) for d in dims))
 
 
 def unstack_layers(params: dict) -> dict:

@@ -115,7 +115,8 @@ def attention_span(cache_v, attend_len=None, per_layer: bool = False) -> int:
     if not per_layer:  # stacked [L, B, S, KV, D]
         return cache_v.shape[2] if attend_len is None else min(cache_v.shape[2], int(attend_len))
     span = 0
-    for w in (c.shape[2] for c in cache_v[0]):  # layer 0's chunks
+    chunks = next((layer for layer in cache_v if layer), ())  # the first layer with a KV cache
+    for w in (c.shape[2] for c in chunks):
         if attend_len is not None and span >= attend_len:
             break
         span += w

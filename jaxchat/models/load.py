@@ -6,22 +6,43 @@ marker) or an HF safetensors directory with `config.json` (`hf_loader`), and ret
 `LoadedModel`; a path that is none of these raises `ModelLoadError` naming it. `save_orbax` is
 `orbax_io.save_orbax`. The GGUF and HF loaders are imported on first use (importing this module
 stays cheap: no numpy, no jax); no loader imports this module.
+`dtype` is "float32", "bfloat16" or "auto" (the default everywhere): `resolve_dtype("auto")` is
+bfloat16 where `jax.default_backend()` is "tpu" or "gpu" and float32 on CPU; `load_model` logs the
+dtype it chose. Any other name raises `ModelLoadError`.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from jaxchat.models.base import LoadedModel
 from jaxchat.models.config import ModelLoadError
 from jaxchat.models.orbax_io import MARKER, load_orbax, save_orbax
 
-__all__ = ["load_model", "save_orbax"]
+__all__ = ["DTYPES", "load_model", "resolve_dtype", "save_orbax"]
+
+DTYPES = ("auto", "float32", "bfloat16")
+log = logging.getLogger("jaxchat.models")
 
 
-def load_model(path: str | Path, dtype: str = "float32", mesh=None) -> LoadedModel:
+def resolve_dtype(dtype: str = "auto") -> str:
+    """The serving dtype: "auto" is bfloat16 on TPU and GPU, float32 on CPU; others are kept."""
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not supported (choose one of {', '.join(DTYPES)})")
+    if dtype != "auto":
+        return dtype
+    import jax
+
+    return "bfloat16" if jax.default_backend() in ("tpu", "gpu") else "float32"
+
+
+def load_model(path: str | Path, dtype: str = "auto", mesh=None) -> LoadedModel:
     """Load an HF safetensors directory, a `.gguf` file or an orbax checkpoint directory."""
     path = Path(path)
+    chosen = resolve_dtype(dtype)
+    log.info("dtype %s%s", chosen, " (auto)" if dtype == "auto" else "")
+    dtype = chosen
     if path.is_file() and path.suffix == ".gguf":
         from jaxchat.models.gguf_loader import load_gguf
 

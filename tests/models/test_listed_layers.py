@@ -74,21 +74,35 @@ def test_listed_llama_equals_stacked_and_transformers(llama_dir, as_listed, tmp_
 
 
 def test_listed_cache_dims_give_each_layer_its_own_shape(llama_dir):
-    """A layer whose cache_dims entry is None keeps no cache; others get their own kv heads and head dim."""
+    """A layer whose cache_dims entry is None keeps no cache; others get their own kv heads and head dim, or
+    their recurrent state arrays (`RecurrentState`); attention spans are read off the KV-cache layers."""
     from jaxchat.models import ModelConfig
-    from jaxchat.models.base import layer_cache
+    from jaxchat.models.base import RecurrentState, layer_cache
+    from jaxchat.models.layers import attention_span
 
     class Mixed(ListedLlama):
         @classmethod
         def cache_dims(cls, cfg):
             return ((cfg.num_kv_heads, cfg.head_dim), None, (1, 8))
 
+    class WithState(ListedLlama):
+        @classmethod
+        def cache_dims(cls, cfg):
+            return (RecurrentState(((64, 3), (4, 8, 8)), "float32"), (cfg.num_kv_heads, cfg.head_dim), None)
+
     cfg = ModelConfig.from_hf_config(llama_dir[1].config.to_dict())
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(llama_module, "Model", Mixed)
         ck, cv = layer_cache(cfg, 2, 12, spans=(4,))
+        assert attention_span(cv, 3, per_layer=True) == 4
+        mp.setattr(llama_module, "Model", WithState)
+        sk, sv = layer_cache(cfg, 2, 12, "bfloat16", spans=(4,))
+        assert attention_span(sv, 5, per_layer=True) == 12  # read off the first layer with a KV cache
     assert [tuple(c.shape for c in layer) for layer in ck] == [((2, 2, 16, 4), (2, 2, 16, 8)), (), ((2, 1, 8, 4), (2, 1, 8, 8))]
     assert [tuple(c.shape for c in layer) for layer in cv] == [((2, 2, 4, 16), (2, 2, 8, 16)), (), ((2, 1, 4, 8), (2, 1, 8, 8))]
+    assert [tuple((c.shape, str(c.dtype)) for c in layer) for layer in sk] == [
+        (((2, 64, 3), "float32"), ((2, 4, 8, 8), "float32")), (((2, 2, 16, 4), "bfloat16"), ((2, 2, 16, 8), "bfloat16")), ()]
+    assert [len(layer) for layer in sv] == [0, 2, 0]
 
 
 def test_engine_runs_a_listed_model_like_the_stacked_one(llama_dir, monkeypatch):

@@ -1,0 +1,89 @@
+"""Each seed tool format end to end on a model of the family that speaks it: a tiny random checkpoint of
+the family (built here with transformers), the format's REAL chat template and a vocabulary carrying its
+markers, served live (`build_chat_service`, what `jaxchat serve` runs, behind the real HTTP app) and called
+with the official `openai` SDK. The service must detect the format's kind from the template, and under
+`tool_choice: "required"` return a call whose arguments validate against the tool's schema, the same
+streamed and not. The weights are random: the grammar alone makes the output a valid call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tests.tiny_model import tiny_chat_model
+
+# Bounded arguments (an enum and a bounded integer), so that even a random model finishes its call quickly.
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                           "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}}}]
+
+
+def qwen3_moe_model(vocab_size: int):
+    import transformers
+
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645)
+    return transformers.Qwen3MoeForCausalLM(cfg)
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    template: str  # a real template from the asset set
+    kind: str  # the chat format kind the service must detect
+    model: Callable  # vocab size -> a random transformers model of the family
+    special_tokens: tuple[str, ...] = ()
+
+
+CASES = [
+    Case("qwen3_moe", "Qwen3-Coder.jinja", "qwen_xml", qwen3_moe_model),
+]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: c.family)
+def served(request, tmp_path_factory):
+    from jaxchat.api import build_chat_service
+    from tests.server.conftest import Live
+
+    case = request.param
+    model_dir = tiny_chat_model(tmp_path_factory.mktemp(case.family), case.template,
+                                special_tokens=case.special_tokens, model=case.model)
+    service = build_chat_service(model_dir, max_batch=2, max_context=1024, length_buckets=(1024,))
+    try:
+        with Live(service) as server:
+            yield case, service, server
+    finally:
+        service.engine.shutdown()
+
+
+def test_format_detected_and_required_call_is_schema_valid_streamed_and_not(served):
+    import jsonschema
+    import openai
+
+    case, service, server = served
+    assert service.engine.model.config.family == case.family
+    assert service.spec.kind == case.kind, service.spec
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    body = dict(model=service.model_id, messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}],
+                tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=200)
+    plain = client.chat.completions.create(**body)
+    with client.chat.completions.stream(**body) as stream:
+        streamed = stream.get_final_completion()
+    for reply in (plain, streamed):
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert not choice.message.content
+        (call,) = choice.message.tool_calls
+        schema = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+    a, b = plain.choices[0].message.tool_calls[0], streamed.choices[0].message.tool_calls[0]
+    assert (a.function.name, json.loads(a.function.arguments)) == (b.function.name, json.loads(b.function.arguments))
