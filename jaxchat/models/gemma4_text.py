@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxchat.models import moe
-from jaxchat.models.config import ModelConfig
+from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.entries import Entry
 from jaxchat.models.layers import (
     MLP,
@@ -68,6 +68,18 @@ class Norm(nnx.Module):
         if self.with_scale:
             h = h * self.scale[...].astype(jnp.float32)
         return h.astype(x.dtype)
+
+
+def _act(cfg: ModelConfig):
+    """`hidden_activation` (the MLP's, also the experts' and the per-layer input gate's)."""
+    act = cfg.hidden_act
+    if act in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    if act == "gelu":
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if act in ("silu", "swish"):
+        return jax.nn.silu
+    raise ModelLoadError(f"config.json: hidden_activation {act!r} is not supported for gemma4_text")
 
 
 class Gemma4Attention(nnx.Module):
@@ -117,6 +129,7 @@ class Experts(nnx.Module):
         self.gate_up = param((e, d, 2 * f), ("experts", "embed", "expert_gate_up"), dtype)
         self.down = param((e, f, d), ("experts", "expert_mlp", "embed"), dtype)
         self.k, self.num_experts, self.eps, self.f = cfg.num_experts_per_tok, e, cfg.rms_norm_eps, f
+        self.act = _act(cfg)
 
     def route(self, x):
         """x [N, d] -> (weights float32 [N, k], experts int32 [N, k])."""
@@ -132,7 +145,7 @@ class Experts(nnx.Module):
         weights, experts = self.route(route_x)
         d = moe.dispatch(experts, weights, self.num_experts)
         h = moe.expert_matmul(moe.gather_rows(x, d), self.gate_up[...], d)  # [M, 2f]
-        h = jax.nn.gelu(h[:, :self.f], approximate=True) * h[:, self.f:]
+        h = self.act(h[:, :self.f]) * h[:, self.f:]
         return moe.combine(moe.expert_matmul(h, self.down[...], d), d, x.shape[0])
 
 
@@ -157,6 +170,7 @@ class Gemma4Block(nnx.Module):
             self.pli_gate = param((self.pli, d), ("per_layer", "embed"), dtype)  # HF [out, in]
             self.pli_proj = param((d, self.pli), ("embed", "per_layer"), dtype)
             self.post_pli_norm = Norm(d, eps, dtype)
+            self.act = _act(cfg)
         self.layer_scalar = param((1,), ("norm",), dtype, 1.0)
 
     def __call__(self, x, per_layer_input, rope, positions, cache, mask, slot: CacheSlot):
@@ -169,7 +183,7 @@ class Gemma4Block(nnx.Module):
             h = self.post_ffw_norm_1(h) + self.post_ffw_norm_2(routed)
         x = x + self.post_ffw_norm(h)
         if self.pli:
-            g = jax.nn.gelu(jnp.einsum("btd,pd->btp", x, self.pli_gate[...]), approximate=True)
+            g = self.act(jnp.einsum("btd,pd->btp", x, self.pli_gate[...]))
             h = jnp.einsum("btp,dp->btd", g * per_layer_input, self.pli_proj[...])
             x = x + self.post_pli_norm(h)
         return x * self.layer_scalar[...], cache

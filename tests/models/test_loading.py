@@ -100,6 +100,23 @@ def test_config_round_trip(family, tiny_dirs):
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
 
 
+def test_gemma4_config_errors_name_the_field(tiny_dirs):
+    d = json.loads((tiny_dirs["gemma4_text"][0] / "config.json").read_text())
+    for change, field in (({"per_layer_config": {"2": {"intermediate_size": 8}}}, "intermediate_size"),
+                          ({"per_layer_config": {"9": {"head_dim": 8}}}, "per_layer_config key"),
+                          ({"per_layer_config": {"2": {"head_dim": 8}}}, "different shapes"),
+                          ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+                          ({"num_kv_shared_layers": 6}, "num_kv_shared_layers"),
+                          ({"enable_moe_block": True, "top_k_experts": None}, "top_k_experts"),
+                          ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn"}}}, "sliding_attention")):
+        with pytest.raises(ModelLoadError, match=field):
+            ModelConfig.from_hf_config({**d, **change})
+    # the published form: global_head_dim / num_global_key_value_heads instead of per_layer_config
+    published = {k: v for k, v in d.items() if k != "per_layer_config"}
+    published.update(global_head_dim=32, num_global_key_value_heads=1)
+    assert ModelConfig.from_hf_config(published) == ModelConfig.from_hf_config(d)
+
+
 def test_not_a_model(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_model(tmp_path / "nope")
