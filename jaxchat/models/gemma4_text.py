@@ -245,6 +245,11 @@ class Model(CausalLM):
         for i, block in enumerate(self.layers):
             j = 1 if cfg.is_sliding[i] else 0
             src = cfg.kv_sources[i]
+            if src is not None and logits_index is not None and x.shape[1] > 1:
+                # KV-shared layers write no cache: from here on only the position whose logits are
+                # wanted matters (as transformers' `logits_to_keep` slicing); every input follows it
+                x, pli, positions, ropes, masks = _keep(logits_index, x, pli, positions, ropes, masks)
+                logits_index = jnp.zeros_like(logits_index)
             own = i if src is None else src
             x, (ck, cv) = block(x, None if pli is None else pli[:, :, i], ropes[j], positions,
                                 (cks[own], cvs[own]), masks[j], slot)
@@ -262,6 +267,16 @@ class Model(CausalLM):
             cap = cfg.final_logit_softcapping
             logits = jnp.tanh(logits / cap) * cap
         return logits.astype(jnp.float32), tuple(cks), tuple(cvs)
+
+
+def _keep(index, *trees):
+    """Every array of `trees` ([B, T, ...]) at step index[b] of each row b: [B, 1, ...]."""
+    idx = index.astype(jnp.int32)
+
+    def one(a):
+        return jnp.take_along_axis(a, idx.reshape(-1, *([1] * (a.ndim - 1))), axis=1)
+
+    return tuple(jax.tree.map(one, t) for t in trees)
 
 
 NORMS = {  # HF name -> param name

@@ -167,3 +167,20 @@ def test_step_models_of_both_layouts_agree(loaded):
     want, _, _ = stacked.forward(stacked.params, ids, pos, ck, cv, attend_len=16)
     got, _, _ = unrolled.forward(unrolled.params, ids, pos, *unrolled.new_cache(2, 24, (8, 16)), attend_len=16)
     assert np.abs(np.asarray(got) - np.asarray(want)).max() <= TOL
+
+
+def test_gemma4_logits_index_keeps_one_position_through_kv_shared_layers(tiny_dirs, loaded):
+    """With `logits_index` the KV-shared layers (which write no cache) run on the wanted position only, as
+    transformers' `logits_to_keep`: same logits as the full forward at that position, same caches."""
+    lm = loaded["gemma4_text"]
+    rng = np.random.default_rng(6)
+    toks = jnp.asarray(rng.integers(0, 256, (2, 16)), jnp.int32)
+    pos = jnp.asarray(np.stack([np.arange(16), np.r_[np.arange(11), -np.ones(5)]]).astype(np.int32))
+    fwd = jax.jit(lm.forward)
+    full, *cache = fwd(lm.params, toks, pos, *empty_cache(lm.config, 2, 24, jnp.float32))
+    kept, *kept_cache = fwd(lm.params, toks, pos, *empty_cache(lm.config, 2, 24, jnp.float32),
+                            logits_index=jnp.asarray([15, 10], jnp.int32))
+    assert kept.shape == (2, 1, 256)
+    assert np.abs(np.asarray(kept)[:, 0] - np.asarray(full)[[0, 1], [15, 10]]).max() <= TOL
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(kept_cache), strict=True):
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() <= TOL
