@@ -31,14 +31,15 @@ def test_tiny_gemma4_generate_equals_transformers_alone_and_batched(tmp_path):
             logits[VOCAB - 1] = -float("inf")
             ids.append(int(logits.argmax()))
     want = ids[len(prompt):]
-    llm = LLM(model=str(tmp_path), max_batch=4, max_context=64)
+    buckets = {"batch_buckets": (4,), "length_buckets": (64,), "span_buckets": (32, 64)}  # few programs to compile
+    llm = LLM(model=str(tmp_path), max_batch=4, max_context=64, **buckets)
     try:
         assert llm.generate(prompt, max_tokens=32, ignore_eos=True).token_ids == want
         model = llm.service.engine.model
     finally:
         llm.close()
     # the same model in an engine driven by hand: the prompt alone, then joined by three others (one aborted)
-    engine = Engine(model, max_batch=4, max_context=64, start=False)
+    engine = Engine(model, max_batch=4, max_context=64, start=False, **buckets)
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 32))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 32))
     assert alone == want and mixed["p"] == want
