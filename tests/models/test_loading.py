@@ -122,3 +122,29 @@ def test_not_a_model(tmp_path):
         load_model(tmp_path / "nope")
     with pytest.raises(ModelLoadError, match="not a .gguf file"):
         load_model(tmp_path)
+
+
+def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
+    """A `gemma4` checkpoint (Gemma4ForConditionalGeneration: the text model under model.language_model.)
+    loads as gemma4_text and gives transformers' logits."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    from jaxchat.models import empty_cache
+
+    from .conftest import COMMON, GEMMA4
+
+    torch.manual_seed(0)
+    ref = tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(text_config={**COMMON, **GEMMA4}, vision_config=None,
+                                                            audio_config=None)).eval()
+    ref.save_pretrained(tmp_path)
+    lm = load_model(tmp_path)
+    assert lm.config.family == "gemma4_text"
+    ids = np.arange(12)[None] * 13 % 256
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor(ids)).logits.float().numpy()
+    got, _, _ = lm.forward(lm.params, jnp.asarray(ids, jnp.int32), jnp.arange(12, dtype=jnp.int32)[None],
+                           *empty_cache(lm.config, 1, 16, jnp.float32))
+    assert np.abs(np.asarray(got) - want).max() <= 1e-4
