@@ -247,6 +247,8 @@ def _gemma4(d: dict, kw: dict) -> None:
     """The Gemma 4 text fields (transformers 5.x `Gemma4TextConfig`, incl. its `per_layer_config`)."""
     if d.get("use_bidirectional_attention") == "all":
         raise ModelLoadError("config.json: use_bidirectional_attention='all' is not supported for gemma4_text")
+    if d.get("attention_bias"):
+        raise ModelLoadError("config.json: attention_bias=true is not supported for gemma4_text")
     types = kw["layer_types"] = (*kw["layer_types"][:-1], "full_attention")  # transformers forces the last one
     kw["query_pre_attn_scalar"] = 1.0  # Gemma 4 attends with scale 1 (q and k are RMS-normed)
     kw["attn_logit_softcapping"] = None

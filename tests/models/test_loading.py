@@ -106,6 +106,7 @@ def test_gemma4_config_errors_name_the_field(tiny_dirs):
                           ({"per_layer_config": {"9": {"head_dim": 8}}}, "per_layer_config key"),
                           ({"per_layer_config": {"2": {"head_dim": 8}}}, "different shapes"),
                           ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+                          ({"attention_bias": True}, "attention_bias"),
                           ({"num_kv_shared_layers": 6}, "num_kv_shared_layers"),
                           ({"enable_moe_block": True, "top_k_experts": None}, "top_k_experts"),
                           ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn"}}}, "sliding_attention")):
