@@ -7,13 +7,16 @@ Contract:
 - `ModelConfig` is a frozen, hashable description of one decoder-only family (hashable so that it can
   be a static jit argument); an unsupported family or heads that do not group raise `ModelLoadError`,
   the error of a checkpoint that cannot be loaded (its message names the offending tensor, field or file).
-- `from_hf_config(d)` reads `model_type` (one of `FAMILIES`, or "gemma3" with a `text_config`), the
-  rope fields (types in `SUPPORTED_ROPE`) in either the 4.x form (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) or the
-  5.x form (`rope_parameters`, per layer type for gemma3). A missing required field or an unsupported
-  rope type raises `ModelLoadError` naming it. qwen3_moe reads `num_experts` (or 5.x's
-  `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
-  `decoder_sparse_step` and `mlp_only_layers`; `ModelConfig.is_sparse` says per layer whether its MLP is
-  the routed one. `to_hf_config(cfg)` writes a 4.x-style dict that
+- `from_hf_config(d)` reads `model_type` (one of `FAMILIES`, or "gemma3"/"gemma4" with a `text_config`),
+  the rope fields (types in `SUPPORTED_ROPE`) in either the 4.x form (`rope_theta`, `rope_scaling`,
+  `rope_local_base_freq`) or the 5.x form (`rope_parameters`, per layer type for gemma3 and gemma4). A
+  missing required field or an unsupported rope type raises `ModelLoadError` naming it. qwen3_moe reads
+  `num_experts` (or 5.x's `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`,
+  `norm_topk_prob`, `decoder_sparse_step` and `mlp_only_layers`; `ModelConfig.is_sparse` says per layer
+  whether its MLP is the routed one. Gemma 4's full-attention layers take their head_dim / kv heads from
+  `per_layer_config` (transformers 5.x) or `global_head_dim` / `num_global_key_value_heads` (as
+  published); `layer_head_dim(i)`, `layer_kv_heads(i)` and `kv_sources` (the layer whose k/v a KV-shared
+  layer reuses) give the per-layer shapes. `to_hf_config(cfg)` writes a 4.x-style dict that
   `from_hf_config` reads back to an equal config. `ModelConfig.from_hf_config` / `.to_hf_config()`
   are the same functions.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")  # HF model_type; the family "x" lives in jaxchat.models.x
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text")  # HF model_type; the family "x" lives in jaxchat.models.x
 
 
 class ModelLoadError(ValueError):
@@ -68,6 +71,15 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     swiglu_limit: float | None = None  # gpt_oss clamped SwiGLU: gate <= limit, -limit <= up <= limit
     swiglu_alpha: float = 1.702  # gpt_oss: glu = gate * sigmoid(alpha * gate)
+    # gemma4: full-attention ("global") layers may have their own head_dim and kv heads
+    global_head_dim: int | None = None  # head_dim of full-attention layers (None: head_dim)
+    num_global_kv_heads: int | None = None  # kv heads of full-attention layers (None: num_kv_heads)
+    attention_k_eq_v: bool = False  # full-attention layers have no v_proj: values come from the key projection
+    num_kv_shared_layers: int = 0  # the last layers reuse the k/v of the last earlier layer of their type
+    per_layer_input_size: int = 0  # hidden_size_per_layer_input: per-layer input embeddings (0: none)
+    per_layer_vocab_size: int = 0  # vocab_size_per_layer_input
+    double_wide_mlp: bool = False  # use_double_wide_mlp: KV-shared layers have a 2x intermediate_size MLP
+    enable_moe_block: bool = False  # gemma4: every layer adds a routed-expert block to its dense MLP
     # tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
@@ -81,6 +93,11 @@ class ModelConfig:
             raise ModelLoadError(f"layer_types: {len(self.layer_types)} entries for {self.num_layers} layers")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ModelLoadError(f"num_experts_per_tok: {self.num_experts_per_tok} is not in 1..{self.num_experts}")
+        if self.num_global_kv_heads and self.num_heads % self.num_global_kv_heads:
+            raise ModelLoadError(f"num_global_key_value_heads: {self.num_global_kv_heads} does not divide "
+                                 f"num_heads {self.num_heads}")
+        if self.num_kv_shared_layers:
+            self.kv_sources  # noqa: B018 (validates the sharing pattern)
 
     def __hash__(self) -> int:  # rope_scaling is a dict: hash its items so the config can be a static jit arg
         items = tuple(sorted(self.rope_scaling.items())) if self.rope_scaling else None
@@ -104,6 +121,32 @@ class ModelConfig:
         return tuple(self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % step == 0
                      for i in range(self.num_layers))
 
+    def layer_head_dim(self, i: int) -> int:
+        """head_dim of layer i (full-attention layers may have `global_head_dim`)."""
+        return self.global_head_dim if self.global_head_dim and not self.is_sliding[i] else self.head_dim
+
+    def layer_kv_heads(self, i: int) -> int:
+        """kv heads of layer i (full-attention layers may have `num_global_kv_heads`)."""
+        return self.num_global_kv_heads if self.num_global_kv_heads and not self.is_sliding[i] else self.num_kv_heads
+
+    @property
+    def kv_sources(self) -> tuple[int | None, ...]:
+        """Per layer: None for a layer that computes its own k/v, else the layer whose k/v (cache) it reuses:
+        the last layer of the same type before the `num_kv_shared_layers` shared ones."""
+        n, shared = self.num_layers, self.num_kv_shared_layers
+        first = n - shared
+        if shared and first <= 0:
+            raise ModelLoadError(f"num_kv_shared_layers: {shared} leaves no layer computing k/v ({n} layers)")
+        types = self.layer_types or ("full_attention",) * n
+        out: list[int | None] = [None] * first
+        for i in range(first, n):
+            src = [j for j in range(first) if types[j] == types[i]]
+            if not src:
+                raise ModelLoadError(f"num_kv_shared_layers: shared layer {i} ({types[i]}) has no earlier "
+                                     f"{types[i]} layer to reuse k/v from")
+            out.append(src[-1])
+        return tuple(out)
+
     def to_hf_config(self) -> dict:
         """A `config.json`-style dict that `from_hf_config` reads back to an equal config."""
         return to_hf_config(self)
@@ -116,7 +159,7 @@ class ModelConfig:
         return replace(self, **kw)
 
 
-SUPPORTED_ROPE = ("default", "llama3", "linear", "yarn")
+SUPPORTED_ROPE = ("default", "llama3", "linear", "yarn", "proportional")
 
 
 def _req(d: dict, key: str):
@@ -148,9 +191,9 @@ def _eos(d: dict) -> tuple[int, ...]:
 
 def from_hf_config(d: dict) -> ModelConfig:
     mt = d.get("model_type")
-    if mt == "gemma3" and "text_config" in d:
-        d = {**d["text_config"], "model_type": "gemma3_text"}
-        mt = "gemma3_text"
+    if mt in ("gemma3", "gemma4") and "text_config" in d:
+        d = {**d["text_config"], "model_type": f"{mt}_text"}
+        mt = f"{mt}_text"
     if mt not in FAMILIES:
         raise ModelLoadError(f"config.json: model_type {mt!r} is not supported")
     hidden = int(_req(d, "hidden_size"))
@@ -229,6 +272,8 @@ def from_hf_config(d: dict) -> ModelConfig:
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             kw[k] = float(d[k]) if d.get(k) is not None else None
         kw["attention_bias"] = bool(d.get("attention_bias", False))
+        if mt == "gemma4_text":
+            _gemma4(d, kw)
     rs = kw["rope_scaling"]
     if rs and rs["rope_type"] == "yarn":
         if rs.get("original_max_position_embeddings") is None:
@@ -264,6 +309,70 @@ GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
                 "original_max_position_embeddings": 4096}
 
 
+GEMMA4_LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what per_layer_config may override
+
+
+def _gemma4(d: dict, kw: dict) -> None:
+    """The Gemma 4 text fields (transformers 5.x `Gemma4TextConfig`, incl. its `per_layer_config`)."""
+    if d.get("use_bidirectional_attention") == "all":
+        raise ModelLoadError("config.json: use_bidirectional_attention='all' is not supported for gemma4_text")
+    if d.get("attention_bias"):
+        raise ModelLoadError("config.json: attention_bias=true is not supported for gemma4_text")
+    types = kw["layer_types"] = (*kw["layer_types"][:-1], "full_attention")  # transformers forces the last one
+    kw["query_pre_attn_scalar"] = 1.0  # Gemma 4 attends with scale 1 (q and k are RMS-normed)
+    kw["attn_logit_softcapping"] = None
+    kw["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", True))
+    kw["attention_k_eq_v"] = bool(d.get("attention_k_eq_v", False))
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    plc = d.get("per_layer_config")
+    if plc is None:  # the published form: global_head_dim / num_global_key_value_heads (transformers' defaults)
+        g_hd = int(d.get("global_head_dim") or 512)
+        g_kv = d.get("num_global_key_value_heads") if kw["attention_k_eq_v"] else None
+        plc = {i: {"head_dim": g_hd, **({"num_key_value_heads": g_kv} if g_kv is not None else {})} for i in full}
+    overrides: dict[int, dict] = {}
+    for k, v in plc.items():
+        if not str(k).isdigit() or not 0 <= int(k) < len(types) or not isinstance(v, dict):
+            raise ModelLoadError(f"config.json: per_layer_config key {k!r} is not a layer index")
+        bad = [a for a in v if a not in GEMMA4_LAYER_KEYS]
+        if bad:
+            raise ModelLoadError(f"config.json: per_layer_config[{k}].{bad[0]} is not supported")
+        overrides[int(k)] = v
+    for kind, base_hd, base_kv in (("full_attention", None, None), ("sliding_attention", kw["head_dim"],
+                                                                     kw["num_kv_heads"])):
+        layers = [i for i, t in enumerate(types) if t == kind]
+        dims = {(int(overrides.get(i, {}).get("head_dim", kw["head_dim"])),
+                 int(overrides.get(i, {}).get("num_key_value_heads") or kw["num_kv_heads"])) for i in layers}
+        if len(dims) > 1:
+            raise ModelLoadError(f"config.json: per_layer_config gives the {kind} layers different shapes {dims}")
+        if dims and kind == "full_attention":
+            kw["global_head_dim"], kw["num_global_kv_heads"] = dims.pop()
+        elif dims and dims.pop() != (base_hd, base_kv):
+            raise ModelLoadError("config.json: per_layer_config overrides sliding_attention layers (not supported)")
+    rp = d.get("rope_parameters") or {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+    if not isinstance(rp, dict) or not ("full_attention" in rp or "sliding_attention" in rp):
+        raise ModelLoadError("config.json: rope_parameters must be given per layer type for gemma4_text")
+    local = rp.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ModelLoadError(f"config.json: rope_parameters.sliding_attention.rope_type {local['rope_type']!r} "
+                             "is not supported")
+    glob = rp.get("full_attention") or {}
+    kw["rope_theta"] = float(glob.get("rope_theta", 10000.0))
+    kw["rope_scaling"] = _rope_scaling(glob, "rope_parameters.full_attention")
+    kw["rope_local_base_freq"] = float(local.get("rope_theta", 10000.0))
+    kw["num_kv_shared_layers"] = int(d.get("num_kv_shared_layers") or 0)
+    kw["per_layer_input_size"] = int(d.get("hidden_size_per_layer_input") or 0)
+    kw["per_layer_vocab_size"] = int(d.get("vocab_size_per_layer_input") or kw["vocab_size"]) \
+        if kw["per_layer_input_size"] else 0
+    kw["double_wide_mlp"] = bool(d.get("use_double_wide_mlp", False))
+    if d.get("enable_moe_block"):
+        kw["enable_moe_block"] = True
+        kw["num_experts"] = int(_req(d, "num_experts"))
+        kw["num_experts_per_tok"] = int(_req(d, "top_k_experts"))
+        kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
+
+
 def to_hf_config(c: ModelConfig) -> dict:
     d = {
         "model_type": c.family,
@@ -293,7 +402,7 @@ def to_hf_config(c: ModelConfig) -> dict:
             decoder_sparse_step=c.decoder_sparse_step,
             mlp_only_layers=list(c.mlp_only_layers),
         )
-    if c.family == "gemma3_text":
+    if c.family in ("gemma3_text", "gemma4_text"):
         d.update(
             hidden_activation=c.hidden_act,
             sliding_window=c.sliding_window,
@@ -312,4 +421,25 @@ def to_hf_config(c: ModelConfig) -> dict:
             swiglu_limit=c.swiglu_limit,
             swiglu_alpha=c.swiglu_alpha,
         )
+    if c.family == "gemma4_text":
+        for k in ("rope_theta", "rope_scaling", "rope_local_base_freq", "query_pre_attn_scalar",
+                  "attn_logit_softcapping"):
+            d.pop(k)
+        full = [i for i, s in enumerate(c.is_sliding) if not s]
+        d.update(
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta,
+                                                **(c.rope_scaling or {})},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_base_freq}},
+            per_layer_config={str(i): {"head_dim": c.layer_head_dim(i), "num_key_value_heads": c.layer_kv_heads(i)}
+                              for i in full},
+            attention_k_eq_v=c.attention_k_eq_v,
+            num_kv_shared_layers=c.num_kv_shared_layers,
+            hidden_size_per_layer_input=c.per_layer_input_size,
+            vocab_size_per_layer_input=c.per_layer_vocab_size or c.vocab_size,
+            use_double_wide_mlp=c.double_wide_mlp,
+            enable_moe_block=c.enable_moe_block,
+        )
+        if c.enable_moe_block:
+            d.update(num_experts=c.num_experts, top_k_experts=c.num_experts_per_tok,
+                     moe_intermediate_size=c.moe_intermediate_size)
     return d

@@ -3,7 +3,8 @@
 Contract: `load_hf(dir, dtype, mesh)` reads `config.json`, every tensor listed by
 `model.safetensors.index.json` (or all `*.safetensors` files), checks them strictly against the
 family table (see `weights.assemble`; MXFP4 `_blocks` / `_scales` pairs are first folded into their
-dequantised tensors, `mxfp4.fold_mxfp4`), and loads the tokenizer and chat template from the same
+dequantised tensors, `mxfp4.fold_mxfp4`; a multimodal Gemma 3/4 checkpoint's text decoder is read under
+its text-model names, `text_decoder_tensors`), and loads the tokenizer and chat template from the same
 directory when it has tokenizer files. eos ids come from `generation_config.json` when present.
 """
 
@@ -17,6 +18,11 @@ from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.weights import Tensor, assemble
 
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+# multimodal Gemma checkpoints (model_type "gemma3"/"gemma4" with a text_config): the text decoder's tensors
+# live under model.language_model.; the towers and projectors of other modalities are not loaded
+MULTIMODAL_TEXT = "model.language_model."
+MULTIMODAL_OTHER = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
+                    "model.multi_modal_projector.")
 
 
 def safetensors_files(d: Path) -> list[Path]:
@@ -60,6 +66,20 @@ def _loader(f: Path, name: str):
     return load
 
 
+def text_decoder_tensors(hf_config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The text decoder's tensors under their text-model names (a multimodal Gemma checkpoint's
+    model.language_model.* as model.*, its other towers left out); other checkpoints as they are."""
+    if hf_config.get("model_type") not in ("gemma3", "gemma4") or "text_config" not in hf_config:
+        return tensors
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith(MULTIMODAL_TEXT):
+            out["model." + name[len(MULTIMODAL_TEXT):]] = t
+        elif not name.startswith(MULTIMODAL_OTHER):
+            out[name] = t
+    return out
+
+
 def tied_ignores(cfg: ModelConfig, tensors: dict) -> tuple[str, ...]:
     ign = tuple(n for n in tensors if any(n.endswith(s) for s in IGNORED))
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
@@ -89,8 +109,9 @@ def load_hf(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
     cfg_file = d / "config.json"
     if not cfg_file.exists():
         raise ModelLoadError(f"{d}: no config.json")
-    cfg = ModelConfig.from_hf_config(json.loads(cfg_file.read_text()))
-    tensors = read_safetensors(safetensors_files(d))
+    hf_config = json.loads(cfg_file.read_text())
+    cfg = ModelConfig.from_hf_config(hf_config)
+    tensors = text_decoder_tensors(hf_config, read_safetensors(safetensors_files(d)))
     if any(n.endswith(("_blocks", "_scales")) for n in tensors):
         import jax.numpy as jnp
         import numpy as np

@@ -11,8 +11,9 @@ Contract:
   stored transposed, embed [embed, vocab] (also the tied lm head).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
-  implements the default, "linear", Llama 3 ("llama3") and YaRN ("yarn") frequency schedules;
-  `rope_attention_factor` is the factor YaRN multiplies cos and sin by (1 for the others).
+  implements the default, "linear", Llama 3 ("llama3"), YaRN ("yarn") and Gemma 4 "proportional"
+  (partial rotary, the unrotated pairs get frequency 0) frequency schedules; `rope_attention_factor` is
+  the factor YaRN multiplies cos and sin by (1 for the others).
 - Attention optionally adds q/k/v biases (`attention_bias`), an o bias (`o_bias`) and, with
   `attention_sinks`, a learned per-head logit (param `sinks`, axis "heads") that joins the softmax
   denominator only (gpt-oss): probs = exp(s) / (sum exp(s) + exp(sink)).
@@ -21,7 +22,8 @@ Contract:
   `attend_len=S'` (static, larger than every position in the batch) only the first S' cache positions
   are read (`attention_span`: whole chunks of a per-layer chunked cache, which are the only ones written).
   Where a block reads and writes the cache is a `CacheSlot` (stacked-cache layer, row offset, per-layer
-  cache or not).
+  cache or not). `kv_read` reads a cache without writing (a KV-shared layer reads its source layer's);
+  `attend` is the attention over those keys and values, given the queries.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarr
         return inv
     kind = scaling.get("rope_type", "default")
     factor = float(scaling.get("factor", 1.0))
+    if kind == "proportional":  # Gemma 4: the first partial_rotary_factor of the pairs rotate, the rest do not
+        rotated = int(float(scaling.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        inv[rotated:] = 0.0
+        return (inv / np.float32(factor)).astype(np.float32)
     if kind == "linear":
         return (inv / np.float32(factor)).astype(np.float32)
     if kind == "llama3":
@@ -215,36 +221,65 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
         cache, keys, values = kv_io(cache, k, v, positions, slot, span)
-        b, t = positions.shape
-        kvh, hd = k.shape[2], q.shape[-1]
-        # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims, one per
-        # cache chunk (keys [B, KV, D, w], values [B, KV, w, D]), the scores concatenated along positions
-        qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
-        batch = ((0, 1), (0, 1))
-        scores = jnp.concatenate([jax.lax.dot_general(qg, kc.astype(q.dtype), (((3,), (2,)), batch),
-                                                      preferred_element_type=jnp.float32) for kc in keys],
-                                 axis=-1) * self.scale  # [B, KV, G*T, S]
-        if self.softcap is not None:
-            scores = jnp.tanh(scores / self.softcap) * self.softcap
-        scores = scores.reshape(b, kvh, g, t, -1)
-        scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
-        if self.has_sinks:  # the sink joins the denominator only: exp(s - logaddexp(logsumexp(s), sink))
-            sinks = self.sinks[...].astype(jnp.float32).reshape(1, kvh, g, 1, 1)
-            lse = jnp.logaddexp(jax.nn.logsumexp(scores, axis=-1, keepdims=True), sinks)
-            probs = jnp.exp(scores - lse)
-        else:
-            probs = jax.nn.softmax(scores, axis=-1)
-        probs = probs.astype(values[0].dtype).reshape(b, kvh, g * t, -1)
-        out, start = None, 0
-        for vc in values:
-            w = vc.shape[2]
-            part = jax.lax.dot_general(probs[..., start:start + w], vc, (((3,), (2,)), batch))  # [B, KV, G*T, D]
-            out, start = part if out is None else out + part, start + w
-        out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, hd)
+        out = attend(q, keys, values, mask, self.scale, self.softcap, self.sinks[...] if self.has_sinks else None)
         out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
         if self.has_o_bias:
             out = out + self.o_bias[...]
         return out, cache
+
+
+def attend(q, keys, values, mask, scale: float, softcap: float | None = None, sinks=None):
+    """Attention of queries q [B, T, H, D] over the position chunks of `kv_io` / `kv_read` (keys
+    [B, KV, D, w], values [B, KV, w, D]) under mask [B, T, S]: softmax in float32 -> [B, T, H, D]. With
+    `sinks` [H] (gpt-oss) each head's sink logit joins the softmax denominator only."""
+    b, t, h, hd = q.shape
+    kvh = keys[0].shape[1]
+    g = h // kvh
+    # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims, one per
+    # cache chunk (keys [B, KV, D, w], values [B, KV, w, D]), the scores concatenated along positions
+    qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
+    batch = ((0, 1), (0, 1))
+    scores = jnp.concatenate([jax.lax.dot_general(qg, kc.astype(q.dtype), (((3,), (2,)), batch),
+                                                  preferred_element_type=jnp.float32) for kc in keys],
+                             axis=-1) * scale  # [B, KV, G*T, S]
+    if softcap is not None:
+        scores = jnp.tanh(scores / softcap) * softcap
+    scores = scores.reshape(b, kvh, g, t, -1)
+    scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
+    if sinks is not None:  # exp(s - logaddexp(logsumexp(s), sink))
+        lse = jnp.logaddexp(jax.nn.logsumexp(scores, axis=-1, keepdims=True),
+                            sinks.astype(jnp.float32).reshape(1, kvh, g, 1, 1))
+        probs = jnp.exp(scores - lse)
+    else:
+        probs = jax.nn.softmax(scores, axis=-1)
+    probs = probs.astype(values[0].dtype).reshape(b, kvh, g * t, -1)
+    out, start = None, 0
+    for vc in values:
+        w = vc.shape[2]
+        part = jax.lax.dot_general(probs[..., start:start + w], vc, (((3,), (2,)), batch))  # [B, KV, G*T, D]
+        out, start = part if out is None else out + part, start + w
+    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, hd)
+
+
+def kv_read(cache, slot: CacheSlot, batch: int, span):
+    """The keys and values of `kv_io` (lists of position chunks over the first `span` positions, rows
+    slot.row_offset .. + batch - 1) read from `cache` without writing to it."""
+    ck, cv = cache
+
+    def own_rows(x):
+        return x if x.shape[0] == batch else jax.lax.dynamic_slice_in_dim(x, slot.row_offset, batch, axis=0)
+
+    if not slot.per_layer:
+        keys, values = own_rows(ck[slot.layer]), own_rows(cv[slot.layer])  # [B, S, KV, D]
+        return [keys.transpose(0, 2, 3, 1)[..., :span]], [values.transpose(0, 2, 1, 3)[:, :, :span]]
+    keys, values, start = [], [], 0
+    for kc, vc in zip(ck, cv, strict=True):
+        if start >= span:
+            break
+        keys.append(own_rows(kc))
+        values.append(own_rows(vc))
+        start += vc.shape[2]
+    return keys, values
 
 
 def kv_io(cache, k, v, positions, slot: CacheSlot, span):

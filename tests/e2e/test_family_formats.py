@@ -35,6 +35,21 @@ def qwen3_moe_model(vocab_size: int):
     return transformers.Qwen3MoeForCausalLM(cfg)
 
 
+def gemma4_text_model(vocab_size: int):
+    """The parity tests' tiny Gemma 4 (KV-shared layers, per-layer inputs, the MoE block), this vocabulary."""
+    import transformers
+
+    from tests.models.conftest import COMMON, GEMMA4
+
+    cfg = transformers.Gemma4TextConfig(**{**COMMON, **GEMMA4, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
+                                           "max_position_embeddings": 4096, "bos_token_id": 151643, "eos_token_id": 151645})
+    return transformers.Gemma4ForCausalLM(cfg)
+
+
+GEMMA4_TOKENS = ("<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>", "<|tool_response>",
+                 "<tool_response|>", '<|"|>', "<|tool>", "<tool|>", "<|think|>")
+
+
 @dataclass(frozen=True)
 class Case:
     family: str
@@ -42,10 +57,12 @@ class Case:
     kind: str  # the chat format kind the service must detect
     model: Callable  # vocab size -> a random transformers model of the family
     special_tokens: tuple[str, ...] = ()
+    think: bool = True  # False: the request turns thinking off (a random model that may think would never stop)
 
 
 CASES = [
     Case("qwen3_moe", "Qwen3-Coder.jinja", "qwen_xml", qwen3_moe_model),
+    Case("gemma4_text", "google-gemma-4-31B-it.jinja", "gemma4", gemma4_text_model, GEMMA4_TOKENS, think=False),
 ]
 
 
@@ -74,7 +91,8 @@ def test_format_detected_and_required_call_is_schema_valid_streamed_and_not(serv
     assert service.spec.kind == case.kind, service.spec
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
     body = dict(model=service.model_id, messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}],
-                tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=200)
+                tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=200,
+                extra_body=None if case.think else {"think": False})
     plain = client.chat.completions.create(**body)
     with client.chat.completions.stream(**body) as stream:
         streamed = stream.get_final_completion()

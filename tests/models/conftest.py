@@ -10,6 +10,17 @@ COMMON = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_h
               "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256}
 
 
+# Gemma 4: sliding (window 8 < the 32-token test prompts) and full layers of another head_dim and kv-head
+# count with partial ("proportional") rope, values = keys on full layers, the last 2 layers KV-shared (layer 4
+# reuses sliding layer 3's k/v, layer 5 full layer 2's) with double-wide MLPs, per-layer inputs, 8 experts.
+GEMMA4 = {"num_hidden_layers": 6, "sliding_window": 8, "global_head_dim": 32, "num_global_key_value_heads": 1,
+          "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                          "sliding_attention", "full_attention"],
+          "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 256, "attention_k_eq_v": True,
+          "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "enable_moe_block": True, "num_experts": 8,
+          "top_k_experts": 2, "moe_intermediate_size": 32, "final_logit_softcapping": 30.0}
+
+
 def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shard_size=None, **overrides):
     """Save a random tiny `family` checkpoint (norms and biases randomised too) and return the torch model."""
     import torch
@@ -47,15 +58,22 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         kw.setdefault("swiglu_limit", 1.0)
         kw["max_position_embeddings"] = overrides.get("max_position_embeddings", 32 * 4096)  # YaRN's 32 x 4096
         model = tf.GptOssForCausalLM(tf.GptOssConfig(**kw))
+    elif family == "gemma4_text":
+        model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**{**COMMON, **GEMMA4, **overrides}))
     else:
         raise ValueError(family)
     model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or "bias" in name:
+            if family == "gemma4_text" and ("norm" in name or "scale" in name):  # multiplies by w, not 1 + w
+                p.uniform_(0.5, 1.5)
+            elif "norm" in name or "bias" in name:
                 p.normal_(0.0, 0.3)
             elif name.endswith(("sinks", "router.weight", "experts.gate_up_proj", "experts.down_proj")):
                 p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}

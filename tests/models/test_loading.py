@@ -84,7 +84,7 @@ def test_config_errors_name_the_field():
                                     "sliding_window": 4, "num_experts_per_tok": 2})
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text"])
 def test_config_round_trip(family, tiny_dirs):
     cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
     back = ModelConfig.from_hf_config(cfg.to_hf_config())
@@ -99,8 +99,35 @@ def test_config_round_trip(family, tiny_dirs):
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
         assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.swiglu_limit) == (8, 4, 1.0)
         assert cfg.attention_bias and cfg.o_bias and cfg.attention_sinks
+    elif family == "gemma4_text":  # per layer type head dims and kv heads, KV sharing, the MoE block
+        assert cfg.is_sliding == (True, True, False, True, True, False) and cfg.sliding_window == 8
+        assert [cfg.layer_head_dim(i) for i in range(6)] == [16, 16, 32, 16, 16, 32]
+        assert [cfg.layer_kv_heads(i) for i in range(6)] == [2, 2, 1, 2, 2, 1]
+        assert cfg.kv_sources == (None, None, None, None, 3, 2)
+        assert cfg.rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+        assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
+        wrapped = {"model_type": "gemma4", "text_config": json.loads((tiny_dirs[family][0] / "config.json").read_text())}
+        assert ModelConfig.from_hf_config(wrapped) == cfg
     else:
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
+
+
+def test_gemma4_config_errors_name_the_field(tiny_dirs):
+    d = json.loads((tiny_dirs["gemma4_text"][0] / "config.json").read_text())
+    for change, field in (({"per_layer_config": {"2": {"intermediate_size": 8}}}, "intermediate_size"),
+                          ({"per_layer_config": {"9": {"head_dim": 8}}}, "per_layer_config key"),
+                          ({"per_layer_config": {"2": {"head_dim": 8}}}, "different shapes"),
+                          ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+                          ({"attention_bias": True}, "attention_bias"),
+                          ({"num_kv_shared_layers": 6}, "num_kv_shared_layers"),
+                          ({"enable_moe_block": True, "top_k_experts": None}, "top_k_experts"),
+                          ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn"}}}, "sliding_attention")):
+        with pytest.raises(ModelLoadError, match=field):
+            ModelConfig.from_hf_config({**d, **change})
+    # the published form: global_head_dim / num_global_key_value_heads instead of per_layer_config
+    published = {k: v for k, v in d.items() if k != "per_layer_config"}
+    published.update(global_head_dim=32, num_global_key_value_heads=1)
+    assert ModelConfig.from_hf_config(published) == ModelConfig.from_hf_config(d)
 
 
 def test_not_a_model(tmp_path):
@@ -130,3 +157,27 @@ def test_gpt_oss_config_of_the_real_checkpoint():
     assert cfg.is_sliding[:4] == (True, False, True, False) and cfg.sliding_window == 128
     assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.eos_token_ids == (200002,)
     assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg
+def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
+    """A `gemma4` checkpoint (Gemma4ForConditionalGeneration: the text model under model.language_model.)
+    loads as gemma4_text and gives transformers' logits."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers as tf
+
+    from jaxchat.models import empty_cache
+
+    from .conftest import COMMON, GEMMA4
+
+    torch.manual_seed(0)
+    ref = tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(text_config={**COMMON, **GEMMA4}, vision_config=None,
+                                                            audio_config=None)).eval()
+    ref.save_pretrained(tmp_path)
+    lm = load_model(tmp_path)
+    assert lm.config.family == "gemma4_text"
+    ids = np.arange(12)[None] * 13 % 256
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor(ids)).logits.float().numpy()
+    got, _, _ = lm.forward(lm.params, jnp.asarray(ids, jnp.int32), jnp.arange(12, dtype=jnp.int32)[None],
+                           *empty_cache(lm.config, 1, 16, jnp.float32))
+    assert np.abs(np.asarray(got) - want).max() <= 1e-4

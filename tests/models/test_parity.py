@@ -40,7 +40,7 @@ def test_full_forward_and_incremental_match_transformers(family, tiny_dirs, load
     assert logits.dtype == jnp.float32 and logits.shape == (1, 32, 256)
     assert np.abs(np.asarray(logits) - ref).max() <= TOL
     # prefill 20 tokens, then decode 12 one at a time through the cache
-    out, (ck, cv) = [], (ck * 0, cv * 0)
+    out, (ck, cv) = [], empty_cache(lm.config, 1, 40, jnp.float32)  # per-layer tuples for a listed family
     logits, ck, cv = fwd(lm.params, toks[:, :20], pos[:, :20], ck, cv)
     out.append(np.asarray(logits))
     for t in range(20, 32):
@@ -49,7 +49,7 @@ def test_full_forward_and_incremental_match_transformers(family, tiny_dirs, load
     assert np.abs(np.concatenate(out, axis=1) - ref).max() <= TOL
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gemma4_text"])
 def test_batch_rows_with_padding_are_independent(family, tiny_dirs, loaded):
     """Two rows of different lengths (padding = -1) in one batch equal each row run alone."""
     _, ref_model = tiny_dirs[family]
@@ -61,7 +61,7 @@ def test_batch_rows_with_padding_are_independent(family, tiny_dirs, loaded):
     toks[0, :13], pos[0, :13] = a, np.arange(13)
     toks[1, 3:12], pos[1, 3:12] = b, np.arange(9)  # padding on both sides
     ck, cv = empty_cache(lm.config, 2, 24, jnp.float32)
-    ck, cv = ck + 7.0, cv - 3.0  # stale garbage must never be attended to
+    ck, cv = jax.tree.map(lambda a: a + 7.0, ck), jax.tree.map(lambda a: a - 3.0, cv)  # stale garbage: never read
     logits, ck, cv = jax.jit(lm.forward)(lm.params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
     logits = np.asarray(logits)
     assert np.abs(logits[0, :13] - reference_logits(ref_model, a[None])[0]).max() <= TOL
@@ -183,3 +183,18 @@ def test_routed_experts_grouped_path_matches_transformers(family, tiny_dirs, loa
     pos = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (3, 32))
     logits, _, _ = jax.jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, ck, cv)
     assert np.abs(np.asarray(logits) - reference_logits(ref_model, ids)).max() <= TOL
+def test_gemma4_logits_index_keeps_one_position_through_kv_shared_layers(tiny_dirs, loaded):
+    """With `logits_index` the KV-shared layers (which write no cache) run on the wanted position only, as
+    transformers' `logits_to_keep`: same logits as the full forward at that position, same caches."""
+    lm = loaded["gemma4_text"]
+    rng = np.random.default_rng(6)
+    toks = jnp.asarray(rng.integers(0, 256, (2, 16)), jnp.int32)
+    pos = jnp.asarray(np.stack([np.arange(16), np.r_[np.arange(11), -np.ones(5)]]).astype(np.int32))
+    fwd = jax.jit(lm.forward)
+    full, *cache = fwd(lm.params, toks, pos, *empty_cache(lm.config, 2, 24, jnp.float32))
+    kept, *kept_cache = fwd(lm.params, toks, pos, *empty_cache(lm.config, 2, 24, jnp.float32),
+                            logits_index=jnp.asarray([15, 10], jnp.int32))
+    assert kept.shape == (2, 1, 256)
+    assert np.abs(np.asarray(kept)[:, 0] - np.asarray(full)[[0, 1], [15, 10]]).max() <= TOL
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(kept_cache), strict=True):
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() <= TOL
