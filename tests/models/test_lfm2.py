@@ -93,7 +93,7 @@ def test_engine_isolation_greedy_parity_and_no_recompiles(family, tiny_dirs):
 
     d, ref_model = tiny_dirs[family]
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(load_model(d), max_batch=4, max_context=48, start=False)
+    engine = Engine(load_model(d), max_batch=4, max_context=48, length_buckets=(32,), start=False)
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 14))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 14))
     assert mixed["p"] == alone
