@@ -102,3 +102,19 @@ def test_engine_isolation_greedy_parity_and_no_recompiles(family, tiny_dirs):
                                   pad_token_id=0)[0, len(prompt):].tolist()
     assert len(want) == 14 and alone == want  # (no eos among them: HF would stop there)
     assert engine.stats()["compiles_after_warmup"] == 0
+
+
+def test_moe_many_assignments_match_transformers(tiny_dirs):
+    """5 x 32 tokens, 2 experts each: more assignments than `moe.SCAN_MAX_ROWS`, so the experts run as one
+    grouped `ragged_dot` instead of the per-row scan; the logits still equal transformers'."""
+    from jaxchat.models.moe import SCAN_MAX_ROWS
+
+    d, ref_model = tiny_dirs["lfm2_moe"]
+    lm = load_model(d)
+    ids = np.random.default_rng(5).integers(0, 256, (5, 32))
+    assert ids.size * lm.config.num_experts_per_tok > SCAN_MAX_ROWS
+    with torch.no_grad():
+        ref = ref_model(torch.tensor(ids)).logits.numpy()
+    pos = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (5, 32))
+    logits, _, _ = jax.jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, *empty_cache(lm.config, 5, 40))
+    assert np.abs(np.asarray(logits) - ref).max() <= TOL
