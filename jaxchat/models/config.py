@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text")  # HF model_type; the family "x" lives in jaxchat.models.x
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text", "lfm2", "lfm2_moe")  # HF model_type; the family "x" lives in jaxchat.models.x
 
 
 class ModelLoadError(ValueError):
@@ -80,6 +80,13 @@ class ModelConfig:
     per_layer_vocab_size: int = 0  # vocab_size_per_layer_input
     double_wide_mlp: bool = False  # use_double_wide_mlp: KV-shared layers have a 2x intermediate_size MLP
     enable_moe_block: bool = False  # gemma4: every layer adds a routed-expert block to its dense MLP
+    # lfm2, lfm2_moe: layer_types per layer "conv" | "full_attention"; the short convolution's window
+    conv_kernel_size: int = 3  # HF conv_L_cache
+    conv_bias: bool = False
+    routed_scaling_factor: float = 1.0
+    use_expert_bias: bool = False
+    # routed experts, lfm2_moe
+    num_dense_layers: int = 0  # the first layers keep a dense MLP
     # tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
@@ -214,7 +221,7 @@ def from_hf_config(d: dict) -> ModelConfig:
         "family": mt,
         "vocab_size": int(_req(d, "vocab_size")),
         "hidden_size": hidden,
-        "intermediate_size": int(_req(d, "intermediate_size")),
+        "intermediate_size": 0 if "block_ff_dim" in d else int(_req(d, "intermediate_size")),  # lfm2 4.x alias
         "num_layers": int(_req(d, "num_hidden_layers")),
         "num_heads": heads,
         "num_kv_heads": int(d.get("num_key_value_heads") or heads),
@@ -257,6 +264,8 @@ def from_hf_config(d: dict) -> ModelConfig:
             raise ModelLoadError("config.json: mlp_bias=true is not supported for llama")
     elif mt == "gpt_oss":
         _gpt_oss(d, kw)
+    elif mt in ("lfm2", "lfm2_moe"):
+        _lfm2_fields(d, kw, theta)
     else:  # gemma3_text
         kw["qk_norm"] = True
         kw["hidden_act"] = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
@@ -373,6 +382,54 @@ def _gemma4(d: dict, kw: dict) -> None:
         kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
 
 
+LFM2_LAYER_TYPES = ("conv", "full_attention")
+
+
+def _lfm2_fields(d: dict, kw: dict, theta) -> None:
+    """lfm2 / lfm2_moe: layer types (or full_attn_idxs), the conv window, norm_eps, the 4.x aliases
+    (block_ff_dim, tie_embedding), lfm2's MLP size adjustment, and lfm2_moe's routed experts."""
+    mt, n = kw["family"], kw["num_layers"]
+    kw["qk_norm"] = True
+    kw["rms_norm_eps"] = float(d.get("norm_eps", d.get("rms_norm_eps", 1e-5)))
+    kw["rope_theta"] = float(theta if theta is not None else 1000000.0)
+    kw["max_position_embeddings"] = int(d.get("max_position_embeddings", 128000))
+    kw["tie_word_embeddings"] = bool(d.get("tie_embedding", d.get("tie_word_embeddings", True)))
+    kw["hidden_act"] = "silu"
+    layer_types = d.get("layer_types")
+    if not layer_types:
+        idxs = d.get("full_attn_idxs")
+        if idxs is None and mt == "lfm2_moe":
+            raise ModelLoadError("config.json: missing required field 'layer_types'")
+        idxs = range(n) if idxs is None else idxs
+        layer_types = ["full_attention" if i in idxs else "conv" for i in range(n)]
+    bad = [t for t in layer_types if t not in LFM2_LAYER_TYPES]
+    if bad:
+        raise ModelLoadError(f"config.json: layer_types entry {bad[0]!r} is not supported (supported: {LFM2_LAYER_TYPES})")
+    kw["layer_types"] = tuple(layer_types)
+    kw["conv_kernel_size"] = int(d.get("conv_L_cache", 3))
+    kw["conv_bias"] = bool(d.get("conv_bias", False))
+    ff = d.get("block_ff_dim", d.get("intermediate_size"))
+    if ff is None:
+        raise ModelLoadError("config.json: missing required field 'intermediate_size'")
+    ff = int(ff)
+    if mt == "lfm2" and d.get("block_auto_adjust_ff_dim", True):  # the size the MLP really has
+        ff = int(2 * ff / 3)
+        mult = d.get("block_ffn_dim_multiplier", 1.0)
+        if mult is not None:
+            ff = int(mult * ff)
+            step = int(d.get("block_multiple_of", 256))
+            ff = step * ((ff + step - 1) // step)
+    kw["intermediate_size"] = ff
+    if mt == "lfm2_moe":
+        kw["num_experts"] = int(_req(d, "num_experts"))
+        kw["num_experts_per_tok"] = int(_req(d, "num_experts_per_tok"))
+        kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
+        kw["norm_topk_prob"] = bool(d.get("norm_topk_prob", True))
+        kw["routed_scaling_factor"] = float(d.get("routed_scaling_factor", 1.0))
+        kw["use_expert_bias"] = bool(d.get("use_expert_bias", True))
+        kw["num_dense_layers"] = int(d.get("num_dense_layers", 2))
+
+
 def to_hf_config(c: ModelConfig) -> dict:
     d = {
         "model_type": c.family,
@@ -442,4 +499,12 @@ def to_hf_config(c: ModelConfig) -> dict:
         if c.enable_moe_block:
             d.update(num_experts=c.num_experts, top_k_experts=c.num_experts_per_tok,
                      moe_intermediate_size=c.moe_intermediate_size)
+    if c.family in ("lfm2", "lfm2_moe"):
+        d.update(norm_eps=c.rms_norm_eps, layer_types=list(c.layer_types or ()), conv_L_cache=c.conv_kernel_size,
+                 conv_bias=c.conv_bias, block_auto_adjust_ff_dim=False)  # intermediate_size is the real one
+        if c.family == "lfm2_moe":
+            d.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+                     moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
+                     routed_scaling_factor=c.routed_scaling_factor, use_expert_bias=c.use_expert_bias,
+                     num_dense_layers=c.num_dense_layers)
     return d

@@ -3,8 +3,10 @@ matmul over only the routed assignments, and the weighted combine back to tokens
 
 Contract:
 - Routing: `softmax_topk(logits, k, normalize)` (Qwen3-MoE, Gemma 4: softmax over all experts, keep the k
-  largest, optionally renormalised to sum to 1) and `topk_softmax(logits, k)` (gpt-oss: the k largest
-  logits, softmax over those k) both return (weights float32 [N, k], experts int32 [N, k]).
+  largest, optionally renormalised to sum to 1), `topk_softmax(logits, k)` (gpt-oss: the k largest
+  logits, softmax over those k) and `sigmoid_topk(logits, k, bias, normalize, scale)` (LFM2-MoE: sigmoid
+  scores, the experts chosen by score + a per-expert bias, weighted by their unbiased scores, optionally
+  renormalised, times a scale) all return (weights float32 [N, k], experts int32 [N, k]).
 - `dispatch(experts, weights, num_experts)` flattens the N*k assignments and sorts them by expert (stable),
   giving each sorted assignment its token, expert and weight, and the count per expert.
 - `expert_matmul(rows, w, d)`: rows [M, in] (the dispatched rows, `gather_rows`) times their own expert's
@@ -41,6 +43,18 @@ def topk_softmax(logits, k: int):
     """The k largest logits, softmax over those k (float32)."""
     top, experts = jax.lax.top_k(logits.astype(jnp.float32), k)
     return jax.nn.softmax(top, axis=-1), experts.astype(jnp.int32)
+
+
+def sigmoid_topk(logits, k: int, bias=None, normalize: bool = True, scale: float = 1.0):
+    """Sigmoid scores (float32); the k experts with the largest score + bias (bias [E] or None) keep their
+    unbiased scores, renormalised to sum 1 (+1e-6, as LFM2-MoE) if `normalize`, times `scale`."""
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    choice = scores if bias is None else scores + bias.astype(jnp.float32)
+    _, experts = jax.lax.top_k(choice, k)
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
+    if normalize:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-6)
+    return weights * scale, experts.astype(jnp.int32)
 
 
 class Dispatch(NamedTuple):

@@ -48,6 +48,25 @@ def gemma4_text_model(vocab_size: int):
 
 GEMMA4_TOKENS = ("<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>", "<|tool_response>",
                  "<tool_response|>", '<|"|>', "<|tool>", "<tool|>", "<|think|>")
+LFM2_LAYERS = dict(vocab_size=0, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, layer_types=["conv", "full_attention", "conv", "full_attention"],
+                   max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645)
+LFM2_MARKERS = ("<|tool_call_start|>", "<|tool_call_end|>", "<|tool_list_start|>", "<|tool_list_end|>")
+
+
+def lfm2_model(vocab_size: int):
+    import transformers
+
+    cfg = transformers.Lfm2Config(**{**LFM2_LAYERS, "vocab_size": vocab_size}, block_multiple_of=32)
+    return transformers.Lfm2ForCausalLM(cfg)
+
+
+def lfm2_moe_model(vocab_size: int):
+    import transformers
+
+    cfg = transformers.Lfm2MoeConfig(**{**LFM2_LAYERS, "vocab_size": vocab_size}, moe_intermediate_size=32,
+                                     num_experts=8, num_experts_per_tok=2, num_dense_layers=1)
+    return transformers.Lfm2MoeForCausalLM(cfg)
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,8 @@ class Case:
 CASES = [
     Case("qwen3_moe", "Qwen3-Coder.jinja", "qwen_xml", qwen3_moe_model),
     Case("gemma4_text", "google-gemma-4-31B-it.jinja", "gemma4", gemma4_text_model, GEMMA4_TOKENS, think=False),
+    Case("lfm2", "LFM2.5-Instruct.jinja", "lfm2", lfm2_model, LFM2_MARKERS),
+    Case("lfm2_moe", "LFM2-8B-A1B.jinja", "lfm2", lfm2_moe_model, LFM2_MARKERS),
 ]
 
 

@@ -60,6 +60,16 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         model = tf.GptOssForCausalLM(tf.GptOssConfig(**kw))
     elif family == "gemma4_text":
         model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**{**COMMON, **GEMMA4, **overrides}))
+    elif family in ("lfm2", "lfm2_moe"):  # conv first, attention between, 4 layers
+        kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
+        kw.setdefault("layer_types", (["conv", "full_attention"] * 4)[:kw["num_hidden_layers"]])
+        kw.pop("head_dim")
+        kw["initializer_range"] = 0.15  # the default 0.02 leaves the conv branch too small to test
+        if family == "lfm2":  # MLP size 2/3 * 128 rounded up to 32 (96), as LFM2 adjusts it
+            model = tf.Lfm2ForCausalLM(tf.Lfm2Config(**kw, block_multiple_of=32, tie_word_embeddings=False))
+        else:
+            model = tf.Lfm2MoeForCausalLM(tf.Lfm2MoeConfig(**kw, moe_intermediate_size=32, num_experts=8,
+                                                          num_experts_per_tok=2, num_dense_layers=1))
     else:
         raise ValueError(family)
     model.eval()
@@ -74,6 +84,9 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):  # lfm2_moe's routing bias changes which experts are chosen
+                b.normal_(0.0, 0.3)
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}

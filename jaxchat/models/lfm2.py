@@ -1,0 +1,169 @@
+"""LFM2 / LFM2.5 (Liquid): gated short causal convolutions interleaved with GQA attention layers.
+
+Contract: layer i is a conv layer or an attention layer as `cfg.layer_types[i]` says ("conv" |
+"full_attention"); both are pre-norm blocks, x + op(operator_norm(x)), then x + ffn(ffn_norm(x)), with a
+SwiGLU MLP (lfm2_moe: routed experts after its first `num_dense_layers` layers, see `lfm2_moe`). Attention
+is `layers.Attention` with per-head q/k RMSNorm and rope; the final norm is HF's `embedding_norm`.
+
+The short conv (`ShortConv`): in_proj -> B, C, x (per channel); u = B * x; a depthwise causal conv of u over
+the time axis with window L = `conv_kernel_size`; y = out_proj(C * conv). Its per-row state is the last L-1
+inputs u, kept channel-major [batch, hidden, L-1] as the layer's `RecurrentState` (the layer's cache_k entry;
+its channel axis is the one the engine shards, like kv heads). The forward reads and writes cache rows
+row_offset .. row_offset+B-1; a row with a token at position 0 in this call starts from a zero state; tokens
+at position -1 (padding) read as zero inputs and never enter the state, which ends at each row's last
+valid token. Prefill and decode are the same vectorised code (L shifted products, no loop over tokens).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxchat.models.base import RecurrentState
+from jaxchat.models.config import ModelConfig
+from jaxchat.models.entries import Entry
+from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm, param
+from jaxchat.models.llama import attention_entries
+
+
+def is_attention(cfg: ModelConfig, i: int) -> bool:
+    return cfg.layer_types[i] != "conv"
+
+
+class ShortConv(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype):
+        d, k = cfg.hidden_size, cfg.conv_kernel_size
+        self.in_proj = param((d, 3, d), ("embed", "conv_parts", "conv_dim"), dtype)  # B, C, x per channel
+        self.conv = param((d, 1, k), ("conv_dim", "conv_one", "conv_window"), dtype)  # HF's depthwise layout
+        self.out_proj = param((d, d), ("conv_dim", "embed"), dtype)
+        if cfg.conv_bias:
+            self.in_bias = param((3, d), ("conv_parts", "conv_dim"), dtype)
+            self.conv_bias = param((d,), ("conv_dim",), dtype)
+            self.out_bias = param((d,), ("embed",), dtype)
+        self.has_bias = cfg.conv_bias
+        self.window = k
+
+    def __call__(self, x, positions, state, row_offset):
+        """x [B, T, d]; state: the cache rows' conv inputs [Bc, d, L-1] -> (y [B, T, d], new state)."""
+        b, t = positions.shape
+        k = self.window
+        valid = positions >= 0
+        h = jnp.einsum("btd,dpc->btpc", x, self.in_proj[...])
+        if self.has_bias:
+            h = h + self.in_bias[...]
+        gate_b, gate_c, xs = h[:, :, 0], h[:, :, 1], h[:, :, 2]
+        u = jnp.where(valid[..., None], gate_b * xs, 0).astype(x.dtype)  # padding: zero input
+        own = state if state.shape[0] == b else jax.lax.dynamic_slice_in_dim(state, row_offset, b, axis=0)
+        fresh = jnp.any(positions == 0, axis=1)  # the row (re)starts here: no state from before
+        own = jnp.where(fresh[:, None, None], jnp.zeros((), own.dtype), own)
+        seq = jnp.concatenate([jnp.swapaxes(own, 1, 2).astype(u.dtype), u], axis=1)  # [B, L-1+T, d]
+        w = self.conv[...][:, 0, :]  # [d, L]
+        out = sum(seq[:, j:j + t, :] * w[:, j] for j in range(k))
+        if self.has_bias:
+            out = out + self.conv_bias[...]
+        y = jnp.einsum("btc,cd->btd", (gate_c * out).astype(x.dtype), self.out_proj[...])
+        if self.has_bias:
+            y = y + self.out_bias[...]
+        # the new state: the L-1 inputs ending at each row's last valid token (none: the old state)
+        last = jnp.max(jnp.where(valid, jnp.arange(t, dtype=jnp.int32)[None], -1), axis=1)
+        idx = last[:, None] + 1 + jnp.arange(k - 1, dtype=jnp.int32)[None]  # indices into seq
+        new = jnp.swapaxes(jnp.take_along_axis(seq, idx[:, :, None], axis=1), 1, 2).astype(state.dtype)
+        if state.shape[0] == b:
+            return y, new
+        return y, jax.lax.dynamic_update_slice_in_dim(state, new, row_offset, axis=0)
+
+
+class Lfm2Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, dtype, attention: bool, ffn: nnx.Module):
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.operator_norm = RMSNorm(d, eps, dtype)
+        if attention:
+            self.attn = Attention(cfg, dtype)
+        else:
+            self.conv = ShortConv(cfg, dtype)
+        self.ffn_norm = RMSNorm(d, eps, dtype)
+        self.feed_forward = ffn
+        self.attention = attention
+
+    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
+        h = self.operator_norm(x)
+        if self.attention:
+            h, cache = self.attn(h, rope, positions, cache, mask, slot)
+        else:
+            (state,), values = cache
+            h, state = self.conv(h, positions, state, slot.row_offset)
+            cache = ((state,), values)
+        x = x + h
+        x = x + self.feed_forward(self.ffn_norm(x))
+        return x, cache
+
+
+class Model(CausalLM):
+    stacked = False
+
+    @classmethod
+    def ffn_for(cls, cfg: ModelConfig, i: int, dtype) -> nnx.Module:
+        return MLP(cfg, dtype)
+
+    @classmethod
+    def block_for(cls, cfg: ModelConfig, i: int, dtype) -> nnx.Module:
+        return Lfm2Block(cfg, dtype, is_attention(cfg, i), cls.ffn_for(cfg, i, dtype))
+
+    @classmethod
+    def cache_dims(cls, cfg: ModelConfig):
+        conv = RecurrentState(((cfg.hidden_size, cfg.conv_kernel_size - 1),))
+        return tuple((cfg.num_kv_heads, cfg.head_dim) if is_attention(cfg, i) else conv for i in range(cfg.num_layers))
+
+
+ATTN_NAMES = {"o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm"}  # ours (llama) -> HF
+
+
+def _rename(e: Entry, names: dict[str, str]) -> Entry:
+    from dataclasses import replace
+
+    parts = e.hf.split(".")
+    return replace(e, hf=".".join(names.get(p, p) for p in parts))
+
+
+def layer_entries(cfg: ModelConfig, i: int) -> list[Entry]:
+    """Layer i's operator (conv or attention) and norms, in listed form (paths ("layers", "<i>", ...))."""
+    d = cfg.hidden_size
+    p, at = f"model.layers.{i}.", ("layers", str(i))
+    out = [Entry(p + "operator_norm.weight", (*at, "operator_norm", "scale"), None, (d,), "id"),
+           Entry(p + "ffn_norm.weight", (*at, "ffn_norm", "scale"), None, (d,), "id")]
+    if is_attention(cfg, i):
+        for e in attention_entries(cfg, i, bias=False, qk_norm=True):
+            out.append(_rename(Entry(e.hf, (*at, *e.path[1:]), None, e.hf_shape, e.convert, e.part), ATTN_NAMES))
+        return out
+    k = cfg.conv_kernel_size
+    out += [Entry(p + "conv.in_proj.weight", (*at, "conv", "in_proj"), None, (3 * d, d), "in_heads"),
+            Entry(p + "conv.conv.weight", (*at, "conv", "conv"), None, (d, 1, k), "id"),
+            Entry(p + "conv.out_proj.weight", (*at, "conv", "out_proj"), None, (d, d), "t")]
+    if cfg.conv_bias:
+        out += [Entry(p + "conv.in_proj.bias", (*at, "conv", "in_bias"), None, (3 * d,), "bias_heads"),
+                Entry(p + "conv.conv.bias", (*at, "conv", "conv_bias"), None, (d,), "id"),
+                Entry(p + "conv.out_proj.bias", (*at, "conv", "out_bias"), None, (d,), "id")]
+    return out
+
+
+def mlp_entries(cfg: ModelConfig, i: int, f: int) -> list[Entry]:
+    d, p, at = cfg.hidden_size, f"model.layers.{i}.feed_forward.", ("layers", str(i), "feed_forward")
+    return [Entry(p + "w1.weight", (*at, "gate_up"), None, (f, d), "id", part=(0, 0, 1)),
+            Entry(p + "w3.weight", (*at, "gate_up"), None, (f, d), "id", part=(0, 1, 2)),
+            Entry(p + "w2.weight", (*at, "down"), None, (d, f), "id")]
+
+
+def global_entries(cfg: ModelConfig) -> list[Entry]:
+    out = [Entry("model.embed_tokens.weight", ("embed",), None, (cfg.vocab_size, cfg.hidden_size), "t"),
+           Entry("model.embedding_norm.weight", ("final_norm", "scale"), None, (cfg.hidden_size,), "id")]
+    if not cfg.tie_word_embeddings:
+        out.append(Entry("lm_head.weight", ("lm_head",), None, (cfg.vocab_size, cfg.hidden_size), "t"))
+    return out
+
+
+def hf_entries(cfg: ModelConfig) -> list[Entry]:
+    out = global_entries(cfg)
+    for i in range(cfg.num_layers):
+        out += layer_entries(cfg, i) + mlp_entries(cfg, i, cfg.intermediate_size)
+    return out
