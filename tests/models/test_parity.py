@@ -40,7 +40,7 @@ def test_full_forward_and_incremental_match_transformers(family, tiny_dirs, load
     assert logits.dtype == jnp.float32 and logits.shape == (1, 32, 256)
     assert np.abs(np.asarray(logits) - ref).max() <= TOL
     # prefill 20 tokens, then decode 12 one at a time through the cache
-    out, (ck, cv) = [], (ck * 0, cv * 0)
+    out, (ck, cv) = [], empty_cache(lm.config, 1, 40, jnp.float32)
     logits, ck, cv = fwd(lm.params, toks[:, :20], pos[:, :20], ck, cv)
     out.append(np.asarray(logits))
     for t in range(20, 32):
