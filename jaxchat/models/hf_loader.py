@@ -2,7 +2,8 @@
 
 Contract: `load_hf(dir, dtype, mesh)` reads `config.json`, every tensor listed by
 `model.safetensors.index.json` (or all `*.safetensors` files), checks them strictly against the
-family table (see `weights.assemble`), and loads the tokenizer and chat template from the same
+family table (see `weights.assemble`; a family's `HF_RENAMES` / `HF_SKIPPED`, see
+`text_decoder_tensors`, apply first), and loads the tokenizer and chat template from the same
 directory when it has tokenizer files. eos ids come from `generation_config.json` when present.
 """
 
@@ -59,6 +60,30 @@ def _loader(f: Path, name: str):
     return load
 
 
+def text_decoder_tensors(cfg: ModelConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The text decoder's tensors under the names of the family table: a family module's `HF_RENAMES`
+    (name prefix -> prefix, e.g. a multimodal checkpoint's "model.language_model.") applied, and tensors under
+    its `HF_SKIPPED` prefixes (a vision tower, multi-token-prediction heads) left out."""
+    from jaxchat.models.families import family_module
+
+    module = family_module(cfg.family)
+    renames, skipped = getattr(module, "HF_RENAMES", {}), getattr(module, "HF_SKIPPED", ())
+    if not renames and not skipped:
+        return tensors
+    out: dict[str, Tensor] = {}
+    for name, t in tensors.items():
+        if name.startswith(tuple(skipped)):
+            continue
+        for old, new in renames.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        if name in out:
+            raise ModelLoadError(f"tensor {name!r} appears twice (with and without a renamed prefix)")
+        out[name] = t
+    return out
+
+
 def tied_ignores(cfg: ModelConfig, tensors: dict) -> tuple[str, ...]:
     ign = tuple(n for n in tensors if any(n.endswith(s) for s in IGNORED))
     if cfg.tie_word_embeddings and "lm_head.weight" in tensors:
@@ -89,7 +114,7 @@ def load_hf(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
     if not cfg_file.exists():
         raise ModelLoadError(f"{d}: no config.json")
     cfg = ModelConfig.from_hf_config(json.loads(cfg_file.read_text()))
-    tensors = read_safetensors(safetensors_files(d))
+    tensors = text_decoder_tensors(cfg, read_safetensors(safetensors_files(d)))
     graphdef, params = assemble(cfg, tensors, dtype, mesh, ignore=tied_ignores(cfg, tensors), where=str(d),
                                 desc=f"loading {d.name}")
     tok = load_tokenizer(d)

@@ -10,6 +10,8 @@ from jaxchat.models import qwen3_next
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
 
+HF_RENAMES, HF_SKIPPED = qwen3_next.HF_RENAMES, qwen3_next.HF_SKIPPED
+
 
 class Model(qwen3_next.Model):
     grouped = False

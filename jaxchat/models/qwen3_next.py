@@ -13,7 +13,9 @@ Contract:
   (`Model.routed`) and, for qwen3_next, i is not in `mlp_only_layers` and (i + 1) % decoder_sparse_step == 0.
 - `Model` is a listed `CausalLM`; `cache_dims` gives full attention layers (kv heads, head dim) and DeltaNet
   layers their float32 `RecurrentState` (conv window, matrix state). `hf_entries(cfg)` is the strict
-  table of transformers' `save_pretrained` names (experts one tensor per expert).
+  table of transformers' `save_pretrained` names (experts one tensor per expert); the loader renames a
+  multimodal checkpoint's "model.language_model." tensors and skips "mtp." and "model.visual." ones
+  (`HF_RENAMES`, `HF_SKIPPED`, which the thin family modules re-export).
 """
 
 from __future__ import annotations
@@ -28,9 +30,21 @@ from jaxchat.models.config import ModelConfig
 from jaxchat.models.deltanet import GatedDeltaNet, state_shapes
 from jaxchat.models.entries import Entry, listed
 from jaxchat.models.layers import (
-    MLP, NEG, CacheSlot, CausalLM, RMSNorm, apply_rope, kv_io, param, rope_inv_freq, rope_tables,
+    MLP,
+    NEG,
+    CacheSlot,
+    CausalLM,
+    RMSNorm,
+    apply_rope,
+    kv_io,
+    param,
+    rope_inv_freq,
+    rope_tables,
 )
 from jaxchat.models.llama import global_entries, mlp_entries
+
+HF_RENAMES = {"model.language_model.": "model."}  # Qwen3.5's multimodal checkpoints: the text decoder's tensors
+HF_SKIPPED = ("mtp.", "model.visual.")  # multi-token-prediction heads and the vision tower: not loaded
 
 
 def rotary_dim(cfg: ModelConfig) -> int:

@@ -123,14 +123,15 @@ def test_orbax_round_trip(hybrids, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("family", ["qwen3_next"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])  # both in-projection layouts
 def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
     from jaxchat.engine.engine import Engine
     from tests.engine.test_real_model import greedy, isolation_plan, run_plan
 
     lm, ref_model = hybrids[family]
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(lm, max_batch=4, max_context=48, start=False)
+    engine = Engine(lm, max_batch=4, max_context=48, start=False, batch_buckets=(4,), length_buckets=(32,),
+                    span_buckets=(48,))  # few buckets: few compiles
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone
@@ -138,3 +139,22 @@ def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
         want = ref_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
     assert alone == want
     assert engine.stats()["compiles_after_warmup"] == 0
+
+
+def test_multimodal_checkpoint_loads_its_text_decoder(tiny_dirs, hybrids, tmp_path):
+    """A Qwen3.5 checkpoint as the multimodal models ship it ("qwen3_5" config with a text_config, the decoder
+    under model.language_model., a vision tower and mtp heads beside it) loads the same params."""
+    from safetensors.numpy import load_file, save_file
+
+    src = tiny_dirs["qwen3_5_text"][0]
+    raw = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": raw}))
+    tensors = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+               for k, v in load_file(str(src / "model.safetensors")).items()}
+    tensors["model.visual.blocks.0.attn.qkv.weight"] = np.zeros((3, 2), np.float32)
+    tensors["mtp.fc.weight"] = np.zeros((2, 2), np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    lm, want = load_model(tmp_path), hybrids["qwen3_5_text"][0]
+    assert lm.config == want.config
+    for x, y in zip(jax.tree.leaves(lm.params), jax.tree.leaves(want.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
