@@ -5,6 +5,11 @@ engine (batch isolation with per-row recurrent state, transformers' greedy token
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +24,7 @@ from jaxchat.models.deltanet import recurrent_step
 from .conftest import HYBRIDS
 
 TOL = 1e-4
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference_logits(model, ids: np.ndarray) -> np.ndarray:
@@ -157,3 +163,33 @@ def test_multimodal_checkpoint_loads_its_text_decoder(tiny_dirs, hybrids, tmp_pa
     assert lm.config == want.config
     for x, y in zip(jax.tree.leaves(lm.params), jax.tree.leaves(want.params), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+SHARDED = textwrap.dedent("""
+    import json, sys
+    import jax
+    from jaxchat.engine.engine import Engine
+    from jaxchat.engine.step import make_mesh
+    from jaxchat.models import load_model
+    from tests.engine.test_real_model import isolation_plan, run_plan
+    out = {}
+    for n in (1, 4, 8):
+        e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=48, mesh=make_mesh(jax.devices()[:n]),
+                   start=False, batch_buckets=(4,), length_buckets=(32,), span_buckets=(48,))
+        out[n] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
+        out[f"specs{n}"] = [str(x.sharding.spec) for x in e.runner.state.cache_k[0]]  # a DeltaNet layer's state
+    print(json.dumps(out))
+""")
+
+
+def test_sharded_over_fake_devices_equals_unsharded(tiny_dirs):
+    """Greedy output on 4 and 8 fake CPU devices equals one device; on 4 the matrix state [B, 4 heads, dk, dv]
+    shards its heads over 'tp' (the conv window and 8 devices stay replicated: nothing divides)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SHARDED, str(tiny_dirs["qwen3_next"][0])], check=False, env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["1"] == out["4"] == out["8"]
+    assert "tp" not in out["specs4"][0] and out["specs4"][1].count("tp") == 1  # window replicated, heads split
