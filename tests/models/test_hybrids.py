@@ -135,8 +135,8 @@ def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
 
     lm, ref_model = hybrids[family]
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(lm, max_batch=4, max_context=48, start=False, batch_buckets=(4,), length_buckets=(32,),
-                    span_buckets=(48,))  # few buckets: few compiles
+    engine = Engine(lm, max_batch=4, max_context=48, start=False, batch_buckets=(2, 4), length_buckets=(32,),
+                    span_buckets=(48,))  # few buckets, few compiles; batch 2 reads rows 0..1 of 4 cache rows
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone
