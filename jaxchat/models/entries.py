@@ -24,7 +24,7 @@ class Entry:
     path: tuple[str, ...]  # path in the param tree
     layer: int | None  # index on the stacked layer axis, None for a global tensor
     hf_shape: tuple[int, ...]
-    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads"
+    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads" | "experts_gate_up" | "experts_t"
     part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
 
 
@@ -41,6 +41,11 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
         out = x.reshape(x.shape[0], h, hd).transpose(1, 2, 0)
     elif e.convert == "bias_heads":
         out = x.reshape(target_shape)
+    elif e.convert == "experts_gate_up":  # fused experts [E, 2f, d] (gate rows, then up) -> [2E, d, f]: gates, ups
+        n, f = x.shape[0], x.shape[1] // 2
+        out = x.reshape(n, 2, f, x.shape[2]).transpose(1, 0, 3, 2).reshape(2 * n, x.shape[2], f)
+    elif e.convert == "experts_t":  # [E, out, in] -> [E, in, out]
+        out = x.transpose(0, 2, 1)
     else:  # pragma: no cover - tables are static
         raise AssertionError(e.convert)
     if e.part is not None and out.size == int(np.prod(target_shape)):

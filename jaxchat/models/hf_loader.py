@@ -2,8 +2,8 @@
 
 Contract: `load_hf(dir, dtype, mesh)` reads `config.json`, every tensor listed by
 `model.safetensors.index.json` (or all `*.safetensors` files), checks them strictly against the
-family table (see `weights.assemble`; a family's `HF_RENAMES` / `HF_SKIPPED`, see
-`text_decoder_tensors`, apply first), and loads the tokenizer and chat template from the same
+family table (see `weights.assemble`; a family module's `hf_tensors`, see `text_decoder_tensors`,
+applies first), and loads the tokenizer and chat template from the same
 directory when it has tokenizer files. eos ids come from `generation_config.json` when present.
 """
 
@@ -61,27 +61,12 @@ def _loader(f: Path, name: str):
 
 
 def text_decoder_tensors(cfg: ModelConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The text decoder's tensors under the names of the family table: a family module's `HF_RENAMES`
-    (name prefix -> prefix, e.g. a multimodal checkpoint's "model.language_model.") applied, and tensors under
-    its `HF_SKIPPED` prefixes (a vision tower, multi-token-prediction heads) left out."""
+    """The checkpoint's tensors under the names of the family table: the family module's `hf_tensors(cfg,
+    tensors)` when it has one (renamed prefixes, skipped towers, fused expert stacks), else as read."""
     from jaxchat.models.families import family_module
 
-    module = family_module(cfg.family)
-    renames, skipped = getattr(module, "HF_RENAMES", {}), getattr(module, "HF_SKIPPED", ())
-    if not renames and not skipped:
-        return tensors
-    out: dict[str, Tensor] = {}
-    for name, t in tensors.items():
-        if name.startswith(tuple(skipped)):
-            continue
-        for old, new in renames.items():
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        if name in out:
-            raise ModelLoadError(f"tensor {name!r} appears twice (with and without a renamed prefix)")
-        out[name] = t
-    return out
+    prepare = getattr(family_module(cfg.family), "hf_tensors", None)
+    return tensors if prepare is None else prepare(cfg, tensors)
 
 
 def tied_ignores(cfg: ModelConfig, tensors: dict) -> tuple[str, ...]:

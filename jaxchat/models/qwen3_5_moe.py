@@ -10,7 +10,7 @@ from jaxchat.models import qwen3_next
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
 
-HF_RENAMES, HF_SKIPPED = qwen3_next.HF_RENAMES, qwen3_next.HF_SKIPPED
+hf_tensors = qwen3_next.hf_tensors
 
 
 class Model(qwen3_next.Model):

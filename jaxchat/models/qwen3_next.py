@@ -13,20 +13,24 @@ Contract:
   (`Model.routed`) and, for qwen3_next, i is not in `mlp_only_layers` and (i + 1) % decoder_sparse_step == 0.
 - `Model` is a listed `CausalLM`; `cache_dims` gives full attention layers (kv heads, head dim) and DeltaNet
   layers their float32 `RecurrentState` (conv window, matrix state). `hf_entries(cfg)` is the strict
-  table of transformers' `save_pretrained` names (experts one tensor per expert); the loader renames a
-  multimodal checkpoint's "model.language_model." tensors and skips "mtp." and "model.visual." ones
-  (`HF_RENAMES`, `HF_SKIPPED`, which the thin family modules re-export).
+  table of HF names with the experts stacked as Qwen3.5-MoE checkpoints ship them; `hf_tensors` (which the
+  loader applies first, re-exported by the thin family modules) renames a multimodal checkpoint's
+  "model.language_model." tensors, skips "mtp." and "model.visual." ones and fuses per-expert tensors
+  (transformers' `save_pretrained`, Qwen3-Next checkpoints) into the stacked form.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxchat.models import moe
 from jaxchat.models.base import RecurrentState
-from jaxchat.models.config import ModelConfig
+from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.deltanet import GatedDeltaNet, state_shapes
 from jaxchat.models.entries import Entry, listed
 from jaxchat.models.layers import (
@@ -97,8 +101,7 @@ class SparseMoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
         self.router = param((e, d), ("experts", "embed"), dtype)
-        self.gate = param((e, d, f), ("experts", "embed", "expert_mlp"), dtype)
-        self.up = param((e, d, f), ("experts", "embed", "expert_mlp"), dtype)
+        self.gate_up = param((2 * e, d, f), ("experts", "embed", "expert_mlp"), dtype)  # gates 0..E-1, ups E..2E-1
         self.down = param((e, f, d), ("experts", "expert_mlp", "embed"), dtype)
         self.shared = MLP(cfg.replace(intermediate_size=cfg.shared_expert_intermediate_size), dtype)
         self.shared_gate = param((1, d), ("norm", "embed"), dtype)
@@ -111,7 +114,11 @@ class SparseMoE(nnx.Module):
         weights, experts = moe.softmax_topk(logits, self.k, self.normalize)
         disp = moe.dispatch(experts, weights.astype(x.dtype).astype(jnp.float32), self.num_experts)
         rows = moe.gather_rows(xf, disp)
-        hid = jax.nn.silu(moe.expert_matmul(rows, self.gate[...], disp)) * moe.expert_matmul(rows, self.up[...], disp)
+        none = jnp.zeros_like(disp.group_sizes)  # gate and up of expert e are experts e and E + e of gate_up
+        gate = disp._replace(group_sizes=jnp.concatenate([disp.group_sizes, none]))
+        up = disp._replace(expert=disp.expert + self.num_experts, group_sizes=jnp.concatenate([none, disp.group_sizes]))
+        w = self.gate_up[...]
+        hid = jax.nn.silu(moe.expert_matmul(rows, w, gate)) * moe.expert_matmul(rows, w, up)
         routed = moe.combine(moe.expert_matmul(hid, self.down[...], disp), disp, xf.shape[0])
         shared = self.shared(xf) * jax.nn.sigmoid(jnp.einsum("nd,od->no", xf, self.shared_gate[...]))
         return (routed + shared).reshape(*lead, d)
@@ -211,12 +218,46 @@ def moe_entries(cfg: ModelConfig, i: int) -> list[Entry]:
     shared = cfg.replace(intermediate_size=cfg.shared_expert_intermediate_size)
     out += [Entry(x.hf.replace(".mlp.", ".mlp.shared_expert."), (*a, "shared", *x.path[2:]), i, x.hf_shape, x.convert,
                   x.part) for x in mlp_entries(shared, i)]
-    for j in range(e):
-        q = f"{p}experts.{j}."
-        out += [Entry(q + "gate_proj.weight", (*a, "gate"), i, (f, d), "t", part=(0, j, j + 1)),
-                Entry(q + "up_proj.weight", (*a, "up"), i, (f, d), "t", part=(0, j, j + 1)),
-                Entry(q + "down_proj.weight", (*a, "down"), i, (d, f), "t", part=(0, j, j + 1))]
+    return out + [Entry(p + "experts.gate_up_proj", (*a, "gate_up"), i, (e, 2 * f, d), "experts_gate_up"),
+                  Entry(p + "experts.down_proj", (*a, "down"), i, (e, d, f), "experts_t")]
+
+
+def hf_tensors(cfg: ModelConfig, tensors: dict) -> dict:
+    """A checkpoint's tensors under the table's names (`hf_loader` calls it): a multimodal checkpoint's
+    "model.language_model." decoder renamed ("model."), "mtp." and "model.visual." tensors left out, and a layer's
+    per-expert tensors (experts.<j>.{gate,up,down}_proj.weight, as transformers saves them) fused into the
+    stacked experts.gate_up_proj [E, 2f, d] and experts.down_proj [E, d, f] that Qwen3.5-MoE checkpoints ship
+    (each read once, when the fused tensor is loaded). A layer whose experts are incomplete keeps its names
+    (the strict check then names what is missing)."""
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith(HF_SKIPPED):
+            continue
+        for old, new in HF_RENAMES.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+        if name in out:
+            raise ModelLoadError(f"tensor {name!r} appears twice (with and without a renamed prefix)")
+        out[name] = t
+    e = cfg.num_experts
+    for i in range(cfg.num_layers if e > 0 else 0):
+        p = f"model.layers.{i}.mlp.experts."
+        names = {k: [f"{p}{j}.{k}_proj.weight" for j in range(e)] for k in ("gate", "up", "down")}
+        if not all(n in out for ns in names.values() for n in ns):
+            continue
+        parts = {k: [out.pop(n) for n in ns] for k, ns in names.items()}
+        g, dn = parts["gate"][0], parts["down"][0]
+        out[p + "gate_up_proj"] = replace(g, shape=(e, 2 * g.shape[0], g.shape[1]), load=_stack(
+            [(a, b) for a, b in zip(parts["gate"], parts["up"], strict=True)]))
+        out[p + "down_proj"] = replace(dn, shape=(e, *dn.shape), load=_stack([(x,) for x in parts["down"]]))
     return out
+
+
+def _stack(groups):
+    def load():
+        return np.stack([np.concatenate([np.asarray(t.load()) for t in grp], axis=0) for grp in groups])
+
+    return load
 
 
 def hybrid_entries(cfg: ModelConfig, model_cls) -> list[Entry]:

@@ -147,19 +147,31 @@ def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
 
 
 def test_multimodal_checkpoint_loads_its_text_decoder(tiny_dirs, hybrids, tmp_path):
-    """A Qwen3.5 checkpoint as the multimodal models ship it ("qwen3_5" config with a text_config, the decoder
-    under model.language_model., a vision tower and mtp heads beside it) loads the same params."""
+    """A Qwen3.5-MoE checkpoint as the multimodal models ship it ("qwen3_5_moe" config with a text_config, the
+    decoder under model.language_model., experts stacked per layer, a vision tower and mtp heads beside it)
+    loads the same params as transformers' per-expert save."""
     from safetensors.numpy import load_file, save_file
 
-    src = tiny_dirs["qwen3_5_text"][0]
+    src = tiny_dirs["qwen3_5_moe"][0]
     raw = json.loads((src / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": raw}))
-    tensors = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
-               for k, v in load_file(str(src / "model.safetensors")).items()}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": raw}))
+    flat = load_file(str(src / "model.safetensors"))
+    tensors = {}
+    for k, v in flat.items():
+        if ".mlp.experts." in k:
+            continue
+        tensors[k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k] = v
+    for i in range(raw["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp.experts."
+        experts = range(raw["num_experts"])
+        tensors[f"model.language_model.layers.{i}.mlp.experts.gate_up_proj"] = np.stack(
+            [np.concatenate([flat[f"{p}{j}.gate_proj.weight"], flat[f"{p}{j}.up_proj.weight"]]) for j in experts])
+        tensors[f"model.language_model.layers.{i}.mlp.experts.down_proj"] = np.stack(
+            [flat[f"{p}{j}.down_proj.weight"] for j in experts])
     tensors["model.visual.blocks.0.attn.qkv.weight"] = np.zeros((3, 2), np.float32)
     tensors["mtp.fc.weight"] = np.zeros((2, 2), np.float32)
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    lm, want = load_model(tmp_path), hybrids["qwen3_5_text"][0]
+    lm, want = load_model(tmp_path), hybrids["qwen3_5_moe"][0]
     assert lm.config == want.config
     for x, y in zip(jax.tree.leaves(lm.params), jax.tree.leaves(want.params), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
