@@ -12,6 +12,11 @@ excluded, as llama.cpp's batched-bench separates text generation from prompt pro
 
     python bench/decode.py [--models smollm2,qwen2.5-0.5b] [--new-tokens 128] [--batches 1,4,16]
     python bench/decode.py --random-config qwen3-8b --dtype bfloat16   # random weights, jaxchat only
+    python bench/decode.py --random-config deltanet-small,attention-small --contexts 128,2048
+
+With --contexts, each random config decodes at batch 1 after prompts of those lengths: the step time per
+context and its ratio to the shortest, side by side (a model whose layers are all Gated DeltaNet keeps a
+fixed-size state, so its step time does not grow with the context; full attention reads the whole KV cache).
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ RANDOM_CONFIGS = {
                          "num_heads": 14, "num_kv_heads": 2, "head_dim": 64, "rope_theta": 1e6, "attention_bias": True,
                          "tie_word_embeddings": True},
 }
+SMALL = {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1536, "num_layers": 8, "num_heads": 8,
+         "num_kv_heads": 2, "head_dim": 64, "rope_theta": 1e6, "qk_norm": True}
+RANDOM_CONFIGS["deltanet-small"] = {**SMALL, "family": "qwen3_5_text", "layer_types": ("linear_attention",) * 8,
+                                    "partial_rotary_factor": 0.25, "linear_num_key_heads": 4,
+                                    "linear_num_value_heads": 8, "linear_key_head_dim": 64, "linear_value_head_dim": 64}
+RANDOM_CONFIGS["attention-small"] = {**SMALL, "family": "qwen3"}  # the same size, every layer full attention
 PROMPT = "Write a short story about a robot who learns to paint."
 
 
@@ -174,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default="smollm2,qwen2.5-0.5b", help=f"comma list of {list(MODELS)}")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--random-config", choices=sorted(RANDOM_CONFIGS), help="random weights of a real shape")
+    ap.add_argument("--random-config", help=f"random weights of a real shape: comma list of {sorted(RANDOM_CONFIGS)}")
+    ap.add_argument("--contexts", help="comma list of prompt lengths: batch-1 decode step time at each (random configs)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--repeats", type=int, default=3, help="runs per side and batch size; the median is reported")
@@ -188,7 +200,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"devices: {jax.devices()}")
     bw = copy_bandwidth()
     if args.random_config:
-        bench_model(args.random_config, random_model(args.random_config, args.dtype), None, args, bw)
+        names = args.random_config.split(",")
+        unknown = [n for n in names if n not in RANDOM_CONFIGS]
+        if unknown:
+            ap.error(f"--random-config {unknown[0]!r}: not one of {sorted(RANDOM_CONFIGS)}")
+        if args.contexts:
+            contexts = [int(c) for c in args.contexts.split(",")]
+            rows = [context_scaling(n, random_model(n, args.dtype), contexts, args) for n in names]
+            print(f"{'model':>18} " + " ".join(f"{c:>8}-ctx ms" for c in contexts) + "   ratio")
+            for n, ms in rows:
+                print(f"{n:>18} " + " ".join(f"{m:>11.2f}" for m in ms) + f"   {ms[-1] / ms[0]:.2f}x")
+            return
+        for n in names:
+            bench_model(n, random_model(n, args.dtype), None, args, bw)
         return
     from jaxchat.assets import asset_path
     from jaxchat.models import load_model
@@ -198,16 +222,39 @@ def main(argv: list[str] | None = None) -> None:
         bench_model(name, load_model(path, args.dtype, None), path, args, bw)
 
 
+def context_scaling(name: str, model, contexts: list[int], args) -> tuple[str, list[float]]:
+    """Batch-1 decode step time (ms, median of --repeats) after a prompt of each length in `contexts`."""
+    from jaxchat.engine.engine import Engine
+
+    t = time.perf_counter()
+    engine = Engine(model, max_batch=1, max_context=context_for(max(contexts) + args.new_tokens + 1),
+                    length_buckets=sorted({context_for(c) for c in contexts}))
+    print(f"[{name}] engine ready (warm-up compile) in {time.perf_counter() - t:.1f}s")
+    rng = np.random.default_rng(0)
+    ms = []
+    try:
+        for c in contexts:
+            prompt = rng.integers(0, model.config.vocab_size, c).tolist()
+            run_jaxchat(engine, prompt, 4, 1)  # first-request effects out of the timing
+            rates = [run_jaxchat(engine, prompt, args.new_tokens, 1)[1] for _ in range(args.repeats)]
+            ms.append(1000.0 / float(np.median(rates)))
+            print(f"[{name}] context {c}: decode step {ms[-1]:.2f} ms")
+        assert engine.stats()["compiles_after_warmup"] == 0
+    finally:
+        engine.shutdown()
+    return name, ms
+
+
 def random_model(name: str, dtype: str):
     import jax
     from flax import nnx
 
     from jaxchat.models import LoadedModel, ModelConfig
-    from jaxchat.models.families import abstract_model
+    from jaxchat.models.families import abstract_model, as_params
 
     cfg = ModelConfig(**RANDOM_CONFIGS[name])
     graphdef, abstract = abstract_model(cfg, dtype)
-    shapes = nnx.to_pure_dict(abstract)
+    shapes = as_params(nnx.to_pure_dict(abstract), cfg)
     leaves, tree = jax.tree.flatten(shapes)
     keys = jax.random.split(jax.random.key(0), len(leaves))
     params = jax.tree.unflatten(tree, [(jax.random.normal(k, x.shape, jax.numpy.float32) * 0.02).astype(x.dtype)

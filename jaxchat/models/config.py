@@ -7,7 +7,8 @@ Contract:
 - `ModelConfig` is a frozen, hashable description of one decoder-only family (hashable so that it can
   be a static jit argument); an unsupported family or heads that do not group raise `ModelLoadError`,
   the error of a checkpoint that cannot be loaded (its message names the offending tensor, field or file).
-- `from_hf_config(d)` reads `model_type` (one of `FAMILIES`, or "gemma3"/"gemma4" with a `text_config`),
+- `from_hf_config(d)` reads `model_type` (one of `FAMILIES`; "gemma3", "gemma4", "qwen3_5" or "qwen3_5_moe"
+  with a `text_config`; "qwen3_5_moe_text" for the family "qwen3_5_moe"),
   the rope fields (types in `SUPPORTED_ROPE`) in either the 4.x form (`rope_theta`, `rope_scaling`,
   `rope_local_base_freq`) or the 5.x form (`rope_parameters`, per layer type for gemma3 and gemma4). A
   missing required field or an unsupported rope type raises `ModelLoadError` naming it. qwen3_moe reads
@@ -26,7 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text", "lfm2", "lfm2_moe")  # HF model_type; the family "x" lives in jaxchat.models.x
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text", "lfm2", "lfm2_moe",
+            "qwen3_next", "qwen3_5_text", "qwen3_5_moe")  # HF model_type; the family "x" lives in jaxchat.models.x
+HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe")  # Gated DeltaNet + gated attention (`jaxchat.models.qwen3_next`)
+WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text",
+            "qwen3_5_moe": "qwen3_5_moe"}  # with a text_config
+TEXT_TYPES = {"qwen3_5_moe_text": "qwen3_5_moe"}  # HF text-config model_type -> family
 
 
 class ModelLoadError(ValueError):
@@ -87,6 +93,15 @@ class ModelConfig:
     use_expert_bias: bool = False
     # routed experts, lfm2_moe
     num_dense_layers: int = 0  # the first layers keep a dense MLP
+    # Gated DeltaNet hybrids (qwen3_next, qwen3_5_text, qwen3_5_moe); layer_types "linear_attention" | "full_attention"
+    partial_rotary_factor: float = 1.0  # rope on the first head_dim * factor dims of q and k
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    # the shared expert (qwen3_next, qwen3_5_moe)
+    shared_expert_intermediate_size: int = 0
     # tokens
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
@@ -178,7 +193,8 @@ def _req(d: dict, key: str):
 def _rope_scaling(rs: dict | None, where: str) -> dict | None:
     if not rs:
         return None
-    rs = {k: v for k, v in rs.items() if k != "rope_theta"}
+    rs = {k: v for k, v in rs.items() if k not in ("rope_theta", "partial_rotary_factor", "mrope_section",
+                                                   "mrope_interleaved")}
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind not in SUPPORTED_ROPE:
         raise ModelLoadError(f"config.json: {where}.rope_type {kind!r} is not supported (supported: {SUPPORTED_ROPE})")
@@ -198,15 +214,19 @@ def _eos(d: dict) -> tuple[int, ...]:
 
 def from_hf_config(d: dict) -> ModelConfig:
     mt = d.get("model_type")
-    if mt in ("gemma3", "gemma4") and "text_config" in d:
-        d = {**d["text_config"], "model_type": f"{mt}_text"}
-        mt = f"{mt}_text"
+    if mt in WRAPPERS and isinstance(d.get("text_config"), dict):
+        mt = WRAPPERS[mt]
+        d = {**d["text_config"], "model_type": mt}
+    mt = TEXT_TYPES.get(mt, mt)
     if mt not in FAMILIES:
         raise ModelLoadError(f"config.json: model_type {mt!r} is not supported")
     hidden = int(_req(d, "hidden_size"))
     heads = int(_req(d, "num_attention_heads"))
     head_dim = d.get("head_dim") or hidden // heads
     rp = d.get("rope_parameters")
+    partial = d.get("partial_rotary_factor")
+    if isinstance(rp, dict) and rp.get("partial_rotary_factor") is not None:
+        partial = rp["partial_rotary_factor"]
     theta, scaling, local_theta = d.get("rope_theta"), d.get("rope_scaling"), d.get("rope_local_base_freq")
     if isinstance(rp, dict) and rp:
         if "full_attention" in rp or "sliding_attention" in rp:
@@ -221,7 +241,8 @@ def from_hf_config(d: dict) -> ModelConfig:
         "family": mt,
         "vocab_size": int(_req(d, "vocab_size")),
         "hidden_size": hidden,
-        "intermediate_size": 0 if "block_ff_dim" in d else int(_req(d, "intermediate_size")),  # lfm2 4.x alias
+        "intermediate_size": 0 if "block_ff_dim" in d else int(_req(d, "moe_intermediate_size" if mt == "qwen3_5_moe"
+                                                                    and not d.get("intermediate_size") else "intermediate_size")),
         "num_layers": int(_req(d, "num_hidden_layers")),
         "num_heads": heads,
         "num_kv_heads": int(d.get("num_key_value_heads") or heads),
@@ -266,6 +287,8 @@ def from_hf_config(d: dict) -> ModelConfig:
         _gpt_oss(d, kw)
     elif mt in ("lfm2", "lfm2_moe"):
         _lfm2_fields(d, kw, theta)
+    elif mt in HYBRIDS:
+        _hybrid_fields(d, mt, kw, partial)
     else:  # gemma3_text
         kw["qk_norm"] = True
         kw["hidden_act"] = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
@@ -430,6 +453,41 @@ def _lfm2_fields(d: dict, kw: dict, theta) -> None:
         kw["num_dense_layers"] = int(d.get("num_dense_layers", 2))
 
 
+def _hybrid_fields(d: dict, mt: str, kw: dict, partial) -> None:
+    """The Gated DeltaNet hybrids' fields (transformers' Qwen3NextConfig / Qwen3_5TextConfig / Qwen3_5MoeTextConfig)."""
+    n = kw["num_layers"]
+    kw["qk_norm"] = True
+    kw["attention_bias"] = bool(d.get("attention_bias", False))
+    if kw["attention_bias"]:
+        raise ModelLoadError(f"config.json: attention_bias=true is not supported for {mt}")
+    kw["partial_rotary_factor"] = float(partial if partial is not None else 0.25)
+    layer_types = d.get("layer_types")
+    if not layer_types:
+        interval = int(d.get("full_attention_interval") or 4)
+        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    bad = sorted({t for t in layer_types if t not in ("linear_attention", "full_attention")})
+    if bad:
+        raise ModelLoadError(f"config.json: layer_types {bad[0]!r} is not supported for {mt}")
+    kw["layer_types"] = tuple(layer_types)
+    for k in ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads"):
+        kw[k] = int(_req(d, k))
+    kw["linear_conv_kernel_dim"] = int(d.get("linear_conv_kernel_dim") or 4)
+    if kw["linear_num_value_heads"] % kw["linear_num_key_heads"]:
+        raise ModelLoadError("config.json: linear_num_key_heads does not divide linear_num_value_heads")
+    if mt == "qwen3_5_text":
+        return
+    kw["num_experts"] = int(_req(d, "num_experts"))
+    kw["num_experts_per_tok"] = int(_req(d, "num_experts_per_tok"))
+    kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
+    kw["shared_expert_intermediate_size"] = int(_req(d, "shared_expert_intermediate_size"))
+    if mt == "qwen3_next":
+        kw["norm_topk_prob"] = bool(d.get("norm_topk_prob", True))
+        kw["decoder_sparse_step"] = int(d.get("decoder_sparse_step") or 1)
+        kw["mlp_only_layers"] = tuple(int(i) for i in d.get("mlp_only_layers") or ())
+    else:  # qwen3_5_moe: every layer routed, top-k always renormalised
+        kw["norm_topk_prob"] = True
+
+
 def to_hf_config(c: ModelConfig) -> dict:
     d = {
         "model_type": c.family,
@@ -507,4 +565,15 @@ def to_hf_config(c: ModelConfig) -> dict:
                      moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
                      routed_scaling_factor=c.routed_scaling_factor, use_expert_bias=c.use_expert_bias,
                      num_dense_layers=c.num_dense_layers)
+    if c.family in HYBRIDS:
+        d.update(partial_rotary_factor=c.partial_rotary_factor, layer_types=list(c.layer_types or ()),
+                 linear_conv_kernel_dim=c.linear_conv_kernel_dim, linear_key_head_dim=c.linear_key_head_dim,
+                 linear_value_head_dim=c.linear_value_head_dim, linear_num_key_heads=c.linear_num_key_heads,
+                 linear_num_value_heads=c.linear_num_value_heads)
+        if c.family != "qwen3_5_text":
+            d.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+                     moe_intermediate_size=c.moe_intermediate_size,
+                     shared_expert_intermediate_size=c.shared_expert_intermediate_size,
+                     norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=c.decoder_sparse_step,
+                     mlp_only_layers=list(c.mlp_only_layers))
     return d

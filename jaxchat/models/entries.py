@@ -27,7 +27,7 @@ class Entry:
     path: tuple[str, ...]  # path in the param tree
     layer: int | None  # index on the stacked layer axis, None for a global tensor
     hf_shape: tuple[int, ...]
-    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads" | "experts_gate_up" | "experts_t"
+    convert: str  # "id" | "t" | "in_heads" | "out_heads" | "bias_heads" | "experts_gate_up" | "experts_gate_up_stacked" | "experts_t"
     part: tuple[int, int, int] | None = None  # (axis, start, stop): a slice of a fused param (gate of gate_up)
     expert: int | None = None  # index on the experts axis (the first after the layer axis): one expert's tensor
 
@@ -47,6 +47,9 @@ def convert(x: np.ndarray, e: Entry, target_shape: tuple[int, ...]) -> np.ndarra
         out = x.reshape(target_shape)
     elif e.convert == "experts_gate_up":  # [E, 2F, D] (gate rows, then up rows) -> [E, D, 2, F]
         out = x.reshape(x.shape[0], 2, -1, x.shape[2]).transpose(0, 3, 1, 2)
+    elif e.convert == "experts_gate_up_stacked":  # [E, 2f, d] (gate rows, then up) -> [2E, d, f]: gates, ups
+        n, f = x.shape[0], x.shape[1] // 2
+        out = x.reshape(n, 2, f, x.shape[2]).transpose(1, 0, 3, 2).reshape(2 * n, x.shape[2], f)
     elif e.convert == "experts_t":  # [E, out, in] -> [E, in, out]
         out = x.transpose(0, 2, 1)
     else:  # pragma: no cover - tables are static

@@ -4,7 +4,8 @@ Contract: `load_hf(dir, dtype, mesh)` reads `config.json`, every tensor listed b
 `model.safetensors.index.json` (or all `*.safetensors` files), checks them strictly against the
 family table (see `weights.assemble`; MXFP4 `_blocks` / `_scales` pairs are first folded into their
 dequantised tensors, `mxfp4.fold_mxfp4`; a multimodal Gemma 3/4 checkpoint's text decoder is read under
-its text-model names, `text_decoder_tensors`), and loads the tokenizer and chat template from the same
+its text-model names, `gemma_text_tensors`; a family module's `hf_tensors`, see `text_decoder_tensors`,
+applies first), and loads the tokenizer and chat template from the same
 directory when it has tokenizer files. eos ids come from `generation_config.json` when present.
 """
 
@@ -66,7 +67,7 @@ def _loader(f: Path, name: str):
     return load
 
 
-def text_decoder_tensors(hf_config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+def gemma_text_tensors(hf_config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     """The text decoder's tensors under their text-model names (a multimodal Gemma checkpoint's
     model.language_model.* as model.*, its other towers left out); other checkpoints as they are."""
     if hf_config.get("model_type") not in ("gemma3", "gemma4") or "text_config" not in hf_config:
@@ -78,6 +79,15 @@ def text_decoder_tensors(hf_config: dict, tensors: dict[str, Tensor]) -> dict[st
         elif not name.startswith(MULTIMODAL_OTHER):
             out[name] = t
     return out
+
+
+def text_decoder_tensors(cfg: ModelConfig, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The checkpoint's tensors under the names of the family table: the family module's `hf_tensors(cfg,
+    tensors)` when it has one (renamed prefixes, skipped towers, fused expert stacks), else as read."""
+    from jaxchat.models.families import family_module
+
+    prepare = getattr(family_module(cfg.family), "hf_tensors", None)
+    return tensors if prepare is None else prepare(cfg, tensors)
 
 
 def tied_ignores(cfg: ModelConfig, tensors: dict) -> tuple[str, ...]:
@@ -111,7 +121,7 @@ def load_hf(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
         raise ModelLoadError(f"{d}: no config.json")
     hf_config = json.loads(cfg_file.read_text())
     cfg = ModelConfig.from_hf_config(hf_config)
-    tensors = text_decoder_tensors(hf_config, read_safetensors(safetensors_files(d)))
+    tensors = text_decoder_tensors(cfg, gemma_text_tensors(hf_config, read_safetensors(safetensors_files(d))))
     if any(n.endswith(("_blocks", "_scales")) for n in tensors):
         import jax.numpy as jnp
         import numpy as np

@@ -6,6 +6,7 @@ import pytest
 
 from jaxchat.models import FAMILIES  # every supported family has a tiny checkpoint below
 
+HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe")  # Gated DeltaNet + gated attention
 COMMON = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256}
 
@@ -70,6 +71,21 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         else:
             model = tf.Lfm2MoeForCausalLM(tf.Lfm2MoeConfig(**kw, moe_intermediate_size=32, num_experts=8,
                                                           num_experts_per_tok=2, num_dense_layers=1))
+    elif family in HYBRIDS:
+        kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
+        kw.update(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+        kw["layer_types"] = kw["layer_types"][:kw["num_hidden_layers"]]
+        moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+               "shared_expert_intermediate_size": 48}
+        if family == "qwen3_next":
+            model = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**kw, **moe, mlp_only_layers=[2]))
+        elif family == "qwen3_5_text":
+            model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**kw))
+        else:
+            kw.pop("intermediate_size")
+            model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**kw, **moe))
     else:
         raise ValueError(family)
     model.eval()
@@ -81,11 +97,12 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
                 p.normal_(0.0, 0.3)
             elif name.endswith(("sinks", "router.weight", "experts.gate_up_proj", "experts.down_proj")):
                 p.normal_(0.0, 0.5 if name.endswith("sinks") else 0.2)
+            elif name.endswith("A_log"):  # decays from mild to strong (exp(A) in 0.05 .. 2)
+                p.uniform_(-3.0, 0.7)
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
-        for name, b in model.named_buffers():
-            if name.endswith("expert_bias"):  # lfm2_moe's routing bias changes which experts are chosen
+            elif name.endswith("expert_bias"):  # lfm2_moe's routing bias changes which experts are chosen
                 b.normal_(0.0, 0.3)
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
