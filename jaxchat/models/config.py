@@ -193,9 +193,11 @@ def _req(d: dict, key: str):
 def _rope_scaling(rs: dict | None, where: str) -> dict | None:
     if not rs:
         return None
-    rs = {k: v for k, v in rs.items() if k not in ("rope_theta", "partial_rotary_factor", "mrope_section",
-                                                   "mrope_interleaved")}
     kind = rs.get("rope_type", rs.get("type", "default"))
+    dropped = ("rope_theta", "mrope_section", "mrope_interleaved")  # partial rotary is a field of its own,
+    if kind != "proportional":  # except in Gemma 4's proportional rope, which is defined by it
+        dropped += ("partial_rotary_factor",)
+    rs = {k: v for k, v in rs.items() if k not in dropped}
     if kind not in SUPPORTED_ROPE:
         raise ModelLoadError(f"config.json: {where}.rope_type {kind!r} is not supported (supported: {SUPPORTED_ROPE})")
     if kind == "default":
