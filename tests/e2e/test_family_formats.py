@@ -69,6 +69,18 @@ def lfm2_moe_model(vocab_size: int):
     return transformers.Lfm2MoeForCausalLM(cfg)
 
 
+def qwen3_5_model(vocab_size: int):
+    """A tiny Qwen3.5 text decoder: Gated DeltaNet and gated attention layers in turn."""
+    import transformers
+
+    cfg = transformers.Qwen3_5TextConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"] * 2, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645)
+    return transformers.Qwen3_5ForCausalLM(cfg)
+
+
 @dataclass(frozen=True)
 class Case:
     family: str
@@ -84,6 +96,7 @@ CASES = [
     Case("gemma4_text", "google-gemma-4-31B-it.jinja", "gemma4", gemma4_text_model, GEMMA4_TOKENS, think=False),
     Case("lfm2", "LFM2.5-Instruct.jinja", "lfm2", lfm2_model, LFM2_MARKERS),
     Case("lfm2_moe", "LFM2-8B-A1B.jinja", "lfm2", lfm2_moe_model, LFM2_MARKERS),
+    Case("qwen3_5_text", "Qwen3.5-4B.jinja", "qwen_xml", qwen3_5_model, ("<think>", "</think>"), think=False),
 ]
 
 
@@ -95,7 +108,7 @@ def served(request, tmp_path_factory):
     case = request.param
     model_dir = tiny_chat_model(tmp_path_factory.mktemp(case.family), case.template,
                                 special_tokens=case.special_tokens, model=case.model)
-    service = build_chat_service(model_dir, max_batch=2, max_context=1024, length_buckets=(1024,))
+    service = build_chat_service(model_dir, max_batch=1, max_context=1024, length_buckets=(1024,), span_buckets=(1024,))
     try:
         with Live(service) as server:
             yield case, service, server
@@ -126,3 +139,4 @@ def test_format_detected_and_required_call_is_schema_valid_streamed_and_not(serv
         jsonschema.validate(json.loads(call.function.arguments), schema)
     a, b = plain.choices[0].message.tool_calls[0], streamed.choices[0].message.tool_calls[0]
     assert (a.function.name, json.loads(a.function.arguments)) == (b.function.name, json.loads(b.function.arguments))
+

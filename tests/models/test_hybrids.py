@@ -64,7 +64,7 @@ def hybrids(tiny_dirs):
     return {fam: (load_model(tiny_dirs[fam][0]), tiny_dirs[fam][1]) for fam in HYBRIDS}
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text"])
+@pytest.mark.parametrize("family", HYBRIDS)
 def test_prompt_longer_than_one_scan_chunk(family, hybrids):
     """80 tokens (chunks of 64): prefill of 70 (a whole chunk and part of the next: the state crosses a chunk
     boundary inside the scan) then 10 decode steps equal transformers' full forward."""
