@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxchat.models import llama
 from jaxchat.models.base import RecurrentState
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
@@ -155,11 +156,7 @@ def mlp_entries(cfg: ModelConfig, i: int, f: int) -> list[Entry]:
 
 
 def global_entries(cfg: ModelConfig) -> list[Entry]:
-    out = [Entry("model.embed_tokens.weight", ("embed",), None, (cfg.vocab_size, cfg.hidden_size), "t"),
-           Entry("model.embedding_norm.weight", ("final_norm", "scale"), None, (cfg.hidden_size,), "id")]
-    if not cfg.tie_word_embeddings:
-        out.append(Entry("lm_head.weight", ("lm_head",), None, (cfg.vocab_size, cfg.hidden_size), "t"))
-    return out
+    return llama.global_entries(cfg, final_norm="model.embedding_norm.weight")  # LFM2 names its final norm so
 
 
 def hf_entries(cfg: ModelConfig) -> list[Entry]:

@@ -15,11 +15,13 @@ from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm
 
 
 class LlamaBlock(nnx.Module):
+    mlp_cls: type = MLP  # the feed-forward built as mlp_cls(cfg, dtype) (qwen3_moe: its routed experts)
+
     def __init__(self, cfg: ModelConfig, dtype):
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.attn = Attention(cfg, dtype)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = self.mlp_cls(cfg, dtype)
 
     def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
         h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
@@ -67,10 +69,10 @@ def mlp_entries(cfg: ModelConfig, i: int) -> list[Entry]:
     ]
 
 
-def global_entries(cfg: ModelConfig) -> list[Entry]:
+def global_entries(cfg: ModelConfig, final_norm: str = "model.norm.weight") -> list[Entry]:
     out = [
         Entry("model.embed_tokens.weight", ("embed",), None, (cfg.vocab_size, cfg.hidden_size), "t"),
-        Entry("model.norm.weight", ("final_norm", "scale"), None, (cfg.hidden_size,), "id"),
+        Entry(final_norm, ("final_norm", "scale"), None, (cfg.hidden_size,), "id"),
     ]
     if not cfg.tie_word_embeddings:
         out.append(Entry("lm_head.weight", ("lm_head",), None, (cfg.vocab_size, cfg.hidden_size), "t"))

@@ -26,7 +26,7 @@ from flax import nnx
 from jaxchat.models import moe
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry, listed
-from jaxchat.models.layers import Attention, CacheSlot, CausalLM, RMSNorm, param
+from jaxchat.models.layers import CausalLM, param
 from jaxchat.models.llama import LlamaBlock, attention_entries, global_entries, mlp_entries
 
 
@@ -55,18 +55,10 @@ class SparseMLP(nnx.Module):
         return moe.combine(y, d, h.shape[0]).reshape(*lead, dim)
 
 
-class SparseBlock(nnx.Module):
-    def __init__(self, cfg: ModelConfig, dtype):
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.attn = Attention(cfg, dtype)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = SparseMLP(cfg, dtype)
+class SparseBlock(LlamaBlock):
+    """The Qwen3 block with routed experts as its feed-forward."""
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
-        x = x + h
-        x = x + self.mlp(self.post_attn_norm(x))
-        return x, cache
+    mlp_cls = SparseMLP
 
 
 class Model(CausalLM):
