@@ -15,9 +15,20 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+# Tests that measure wall time, count compiles on a shared service, signal servers or start the default
+# model in kernels/servers: scripts/test.sh runs them alone after the rest, which it runs on 2 workers.
+SERIAL = ("tests/reliability/", "tests/server/", "tests/e2e/test_default_model_server.py", "tests/test_notebooks.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Run the notebooks first: each starts a kernel (and one a server) with the default model, and the
-    pytest process is smallest at the start of the session, so the peak memory stays well inside 24 GiB."""
+    """Mark the `serial` tests, then run the notebooks first: each starts a kernel (and one a server) with the
+    default model, and the pytest process is smallest at the start of the session, so the peak memory stays
+    well inside 24 GiB."""
+    import pytest
+
+    for item in items:
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
     first = [item for item in items if item.nodeid.startswith("tests/test_notebooks.py")]
     rest = [item for item in items if not item.nodeid.startswith("tests/test_notebooks.py")]
     items[:] = first + rest

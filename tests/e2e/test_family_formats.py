@@ -89,6 +89,7 @@ class Case:
     model: Callable  # vocab size -> a random transformers model of the family
     special_tokens: tuple[str, ...] = ()
     think: bool = True  # False: the request turns thinking off (a random model that may think would never stop)
+    reasoning_split: bool = False  # the template opens the reasoning block itself: output is reasoning first
 
 
 CASES = [
@@ -96,7 +97,8 @@ CASES = [
     Case("gemma4_text", "google-gemma-4-31B-it.jinja", "gemma4", gemma4_text_model, GEMMA4_TOKENS, think=False),
     Case("lfm2", "LFM2.5-Instruct.jinja", "lfm2", lfm2_model, LFM2_MARKERS),
     Case("lfm2_moe", "LFM2-8B-A1B.jinja", "lfm2", lfm2_moe_model, LFM2_MARKERS),
-    Case("qwen3_5_text", "Qwen3.5-4B.jinja", "qwen_xml", qwen3_5_model, ("<think>", "</think>"), think=False),
+    Case("qwen3_5_text", "Qwen3.5-4B.jinja", "qwen_xml", qwen3_5_model, ("<think>", "</think>"), think=False,
+         reasoning_split=True),
 ]
 
 
@@ -140,3 +142,28 @@ def test_format_detected_and_required_call_is_schema_valid_streamed_and_not(serv
     a, b = plain.choices[0].message.tool_calls[0], streamed.choices[0].message.tool_calls[0]
     assert (a.function.name, json.loads(a.function.arguments)) == (b.function.name, json.loads(b.function.arguments))
 
+
+
+def test_reasoning_is_split_from_content_streamed_and_not(served):
+    """With thinking on, the Qwen3.5 template ends the prompt inside `<think>`: what the model writes is
+    reasoning (`reasoning_content`), never content, until it closes the block. A random model never closes
+    it, so the reply is cut at max_tokens with all of its text as reasoning. Sampled with a seed (greedy
+    random weights can settle on tokens that decode to nothing), the same streamed and not."""
+    import openai
+
+    case, service, server = served
+    if not case.reasoning_split:
+        pytest.skip(f"{case.template}: the prompt does not open a reasoning block")
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    body = dict(model=service.model_id, messages=[{"role": "user", "content": "Think, then answer: 2+2?"}],
+                temperature=1.0, seed=7, max_tokens=12)
+    plain = client.chat.completions.create(**body)
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    streamed_reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    streamed_content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    choice = plain.choices[0]
+    reasoning = getattr(choice.message, "reasoning_content", None)
+    assert choice.finish_reason == "length", choice
+    assert reasoning and reasoning.strip(), choice
+    assert not choice.message.content and not streamed_content
+    assert streamed_reasoning == reasoning

@@ -3,8 +3,8 @@
 For every format (a tiny random Qwen2 with the format's real template, its markers added to the
 vocabulary as single tokens, so the grammar forces the format) and every tool_choice mode, a greedy
 request (thinking off: a random model would think forever) is run once to its end, then again with
-every `max_tokens` from 1 to the length of that full output (of its first `AUTO_CUTS` tokens when
-"auto" wrote text instead of a call), streamed and not: the deltas joined must equal the non-streamed message, the finish reasons
+each `max_tokens` from 1 to 16 and every third one after up to the length of that full output, its last
+four included (up to its first `AUTO_CUTS` tokens when "auto" wrote text instead of a call), streamed and not: the deltas joined must equal the non-streamed message, the finish reasons
 must agree, `content` must never hold the format's call markup (nor a piece of its opener at the end),
 and under "required" / named it must be null.
 """
@@ -56,6 +56,13 @@ MODES = {
 }
 FULL_TOKENS = 64
 AUTO_CUTS = 24  # under "auto" a random model may write text instead of a call: cut its first tokens only
+EVERY_CUT_UP_TO = 16  # every cut up to here (the opener, the name, the first argument), then every 3rd and the last 4
+
+
+def cut_points(length: int) -> list[int]:
+    """The max_tokens values tried for an output of `length` tokens (CI time: a cut costs a prefill)."""
+    return sorted({*range(1, min(length, EVERY_CUT_UP_TO) + 1), *range(EVERY_CUT_UP_TO, length + 1, 3),
+                   *range(max(1, length - 3), length + 1)})
 
 
 @pytest.fixture(scope="module", params=sorted(FORMATS))
@@ -132,13 +139,14 @@ def test_cut_calls_stream_as_they_finish(service, mode):
         length = full["usage"]["completion_tokens"]
         if mode == "auto" and not full["choices"][0]["message"].get("tool_calls"):
             length = min(length, AUTO_CUTS)
-        cuts = await asyncio.gather(*(_both(service, mode, k) for k in range(1, length + 1)))
-        return full, cuts
+        ks = cut_points(length)
+        cuts = await asyncio.gather(*(_both(service, mode, k) for k in ks))
+        return full, list(zip(ks, cuts, strict=True))
 
     full, cuts = asyncio.run(run_all())
     if mode != "auto" and not service.spec.reasoning_forced:
         assert _plain(full)[0]["tool_calls"], f"the grammar did not force a call: {full}"
-    for k, (plain, chunks) in enumerate(cuts, start=1):
+    for k, (plain, chunks) in cuts:
         message, finish = _plain(plain)
         streamed, streamed_finish = _streamed(chunks)
         _check_no_markup(service, message["content"], mode)

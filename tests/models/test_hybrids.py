@@ -128,7 +128,7 @@ def test_orbax_round_trip(hybrids, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])  # both in-projection layouts
+@pytest.mark.parametrize("family", HYBRIDS)
 def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
     from jaxchat.engine.engine import Engine
     from tests.engine.test_real_model import greedy, isolation_plan, run_plan
@@ -185,23 +185,30 @@ SHARDED = textwrap.dedent("""
     from jaxchat.models import load_model
     from tests.engine.test_real_model import isolation_plan, run_plan
     out = {}
-    for n in (1, 4, 8):
-        e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=48, mesh=make_mesh(jax.devices()[:n]),
-                   start=False, batch_buckets=(4,), length_buckets=(32,), span_buckets=(48,))
-        out[n] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
-        out[f"specs{n}"] = [str(x.sharding.spec) for x in e.runner.state.cache_k[0]]  # a DeltaNet layer's state
+    for path, counts in zip(sys.argv[1::2], sys.argv[2::2]):
+        for n in map(int, counts.split(",")):
+            e = Engine(load_model(path, "float32", None), max_batch=4, max_context=48, mesh=make_mesh(jax.devices()[:n]),
+                       start=False, batch_buckets=(4,), length_buckets=(32,), span_buckets=(48,))
+            out[f"{path}:{n}"] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
+            out[f"{path}:specs{n}"] = [str(x.sharding.spec) for x in e.runner.state.cache_k[0]]  # layer 0's state
     print(json.dumps(out))
 """)
 
 
 def test_sharded_over_fake_devices_equals_unsharded(tiny_dirs):
-    """Greedy output on 4 and 8 fake CPU devices equals one device; on 4 the matrix state [B, 4 heads, dk, dv]
-    shards its heads over 'tp' (the conv window and 8 devices stay replicated: nothing divides)."""
+    """Greedy output on 4 and 8 fake CPU devices equals one device, for a DeltaNet hybrid and for LFM2 (one
+    subprocess for both). qwen3_next on 4: the matrix state [B, 4 heads, dk, dv] shards its heads over 'tp'
+    (its conv window and 8 devices stay replicated: nothing divides). lfm2 on 8: the conv window [B, 64
+    channels, L-1] shards its channels over 'tp', as the in-projection that fills it does."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SHARDED, str(tiny_dirs["qwen3_next"][0])], check=False, env=env,
+    nxt, lfm = str(tiny_dirs["qwen3_next"][0]), str(tiny_dirs["lfm2"][0])
+    proc = subprocess.run([sys.executable, "-c", SHARDED, nxt, "1,4,8", lfm, "1,8"], check=False, env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["1"] == out["4"] == out["8"]
-    assert "tp" not in out["specs4"][0] and out["specs4"][1].count("tp") == 1  # window replicated, heads split
+    assert out[f"{nxt}:1"] == out[f"{nxt}:4"] == out[f"{nxt}:8"]
+    assert out[f"{lfm}:1"] == out[f"{lfm}:8"]
+    specs4 = out[f"{nxt}:specs4"]
+    assert "tp" not in specs4[0] and specs4[1].count("tp") == 1  # window replicated, heads split
+    assert all(s.count("tp") == 1 for s in out[f"{lfm}:specs8"]), out[f"{lfm}:specs8"]
