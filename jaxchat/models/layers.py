@@ -9,6 +9,9 @@ Contract:
   layout, its gate and up projections fused as gate_up [2, mlp, embed] (gate at 0, up at 1) and down
   [embed, mlp], applied to feature-major activations; the token embedding is
   stored transposed, embed [embed, vocab] (also the tied lm head).
+- Weights a matmul contracts are declared with `param(..., contract=axes)` and multiplied through
+  `quant.qeinsum` (lookups through `quant.take`): plain `jnp.einsum` for float weights, W8A8 when
+  `quantize.quantize_params` made them `quant.Int8Weight`s (the int8 MLP then runs on row-major activations).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear", Llama 3 ("llama3"), YaRN ("yarn") and Gemma 4 "proportional"
@@ -348,6 +351,10 @@ class MLP(nnx.Module):
 
     def __call__(self, x):
         lead, d = x.shape[:-1], x.shape[-1]
+        if quant.is_quantized(self.gate_up[...]):  # int8: row-major activations, both operands contract their minor axis
+            h = qeinsum("nd,cfd->cnf", x.reshape(-1, d), self.gate_up[...])
+            g = jax.nn.gelu(h[0], approximate=True) if self.gelu else jax.nn.silu(h[0])
+            return qeinsum("nf,df->nd", g * h[1], self.down[...]).reshape(*lead, d)
         xt = jax.lax.optimization_barrier(x.reshape(-1, d).T)  # [d, N]
         h = qeinsum("cfd,dn->cfn", self.gate_up[...], xt)
         g, u = h[0], h[1]

@@ -23,9 +23,10 @@ from jaxchat.models.base import LoadedModel
 from jaxchat.models.config import ModelLoadError
 from jaxchat.models.orbax_io import MARKER, load_orbax, save_orbax
 
-__all__ = ["DTYPES", "load_model", "quantized", "resolve_dtype", "save_orbax"]
+__all__ = ["DTYPES", "QUANTIZE", "load_model", "quantized", "resolve_dtype", "save_orbax"]
 
 DTYPES = ("auto", "float32", "bfloat16")
+QUANTIZE = ("int8",)
 log = logging.getLogger("jaxchat.models")
 
 
@@ -43,10 +44,9 @@ def resolve_dtype(dtype: str = "auto") -> str:
 def load_model(path: str | Path, dtype: str = "auto", mesh=None, quantize: str | None = None) -> LoadedModel:
     """Load an HF safetensors directory, a `.gguf` file or an orbax checkpoint directory; with `quantize`
     ("int8") quantise its weights (an int8 orbax checkpoint loads as stored)."""
-    from jaxchat.models.quantize import check_quantize
-
     path = Path(path)
-    check_quantize(quantize)
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ModelLoadError(f"quantize {quantize!r} is not supported (choose one of {', '.join(QUANTIZE)})")
     chosen = resolve_dtype(dtype)
     log.info("dtype %s%s%s", chosen, " (auto)" if dtype == "auto" else "", f", weights {quantize}" if quantize else "")
     dtype = chosen

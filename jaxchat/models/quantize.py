@@ -7,7 +7,7 @@ with each of those replaced by a `quant.Int8Weight` (per-output-channel scale) a
 `sharding.param_partition_specs` (values as the float weight; the scale along its channels, its reduced axes
 replicated). A weight that already is an `Int8Weight` is kept as it is (no re-quantisation).
 `abstract_quantized(cfg, dtype)` is the quantised params' tree of ShapeDtypeStructs (orbax restores into
-it). `QUANTIZE` names the supported schemes.
+it).
 """
 
 from __future__ import annotations
@@ -16,16 +16,9 @@ import functools
 
 import jax
 
-from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models.config import ModelConfig
 from jaxchat.models.families import abstract_model, abstract_params, as_params, is_stacked
 from jaxchat.models.quant import Int8Weight, quantize_weight
-
-QUANTIZE = ("int8",)
-
-
-def check_quantize(quantize: str | None) -> None:
-    if quantize is not None and quantize not in QUANTIZE:
-        raise ModelLoadError(f"quantize {quantize!r} is not supported (choose one of {', '.join(QUANTIZE)})")
 
 
 def param_contracts(cfg: ModelConfig) -> dict:
