@@ -13,6 +13,10 @@ excluded, as llama.cpp's batched-bench separates text generation from prompt pro
     python bench/decode.py [--models smollm2,qwen2.5-0.5b] [--new-tokens 128] [--batches 1,4,16]
     python bench/decode.py --random-config qwen3-8b --dtype bfloat16   # random weights, jaxchat only
     python bench/decode.py --random-config deltanet-small,attention-small --contexts 128,2048
+    python bench/decode.py --quantize int8 --no-transformers   # int8 (W8A8) beside fp32, with the ratios
+
+With --quantize int8 each model runs twice in the same process, fp32 then int8 weights (quantised at load),
+and a last table gives int8's tokens/s over fp32's at every batch size.
 
 With --contexts, each random config decodes at batch 1 after prompts of those lengths: the step time per
 context and its ratio to the shortest, side by side (a model whose layers are all Gated DeltaNet keeps a
@@ -63,10 +67,12 @@ def weight_bytes_per_step(model) -> int:
     """Bytes of parameters read by one decode step (the embedding table only when it is also the lm head)."""
     import jax
 
-    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.params))
+    def nbytes(tree):
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+    total = nbytes(model.params)
     if not model.config.tie_word_embeddings:
-        c = model.config
-        total -= c.vocab_size * c.hidden_size * jax.numpy.dtype(model.dtype).itemsize
+        total -= nbytes(model.params["embed"])  # only the looked-up rows are read
     return total
 
 
@@ -178,6 +184,15 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
               f"{rates[b]:8.1f} tok/s, {rates[b] / base:.2f}x")
     print(f"[{name}] batch {batches[0]}: {base / bound:.0%} of the memory-bandwidth bound; "
           f"compiles after warm-up: {compiles}")
+    return rates, decode_rates
+
+
+def print_ratios(name: str, fp32, int8, batches) -> None:
+    """int8 over fp32 tokens/s per batch size (decode aggregate and end to end), from `bench_model`'s rates."""
+    for b in batches:
+        print(f"[{name}] batch {b:>2}: decode fp32 {fp32[1][b]:8.1f}, int8 {int8[1][b]:8.1f} tok/s -> "
+              f"{int8[1][b] / fp32[1][b]:.2f}x; end to end fp32 {fp32[0][b]:8.1f}, int8 {int8[0][b]:8.1f} -> "
+              f"{int8[0][b] / fp32[0][b]:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -189,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", help="comma list of prompt lengths: batch-1 decode step time at each (random configs)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--quantize", choices=["int8"], help="also run each model with int8 weights (W8A8), same run")
     ap.add_argument("--repeats", type=int, default=3, help="runs per side and batch size; the median is reported")
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
@@ -217,9 +233,15 @@ def main(argv: list[str] | None = None) -> None:
     from jaxchat.assets import asset_path
     from jaxchat.models import load_model
 
+    batches = [int(b) for b in args.batches.split(",")]
     for name in args.models.split(","):
         path = asset_path(MODELS[name])
-        bench_model(name, load_model(path, args.dtype, None), path, args, bw)
+        fp32 = bench_model(name, load_model(path, args.dtype, None), path, args, bw)
+        if args.quantize:
+            args_q = argparse.Namespace(**{**vars(args), "no_transformers": True})
+            quant = bench_model(f"{name} {args.quantize}", load_model(path, args.dtype, None, quantize=args.quantize),
+                                None, args_q, bw)
+            print_ratios(f"{name} {args.quantize} / {args.dtype}", fp32, quant, batches)
 
 
 def context_scaling(name: str, model, contexts: list[int], args) -> tuple[str, list[float]]:

@@ -59,7 +59,8 @@ def run_chat(args, tools) -> int:
     if not args.url:
         from jaxchat.llm import LLM
 
-        llm = LLM(args.model, max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype)
+        llm = LLM(args.model, max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
+                  quantize=args.quantize)
         print(f"{DIM}model {llm.model_id}, chat format {llm.chat_format}; /quit to leave{RESET}")
     history: list[dict] = []
     for line in sys.stdin:

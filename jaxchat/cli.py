@@ -3,7 +3,8 @@
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
 OpenAI-compatible API; `jaxchat chat` is a terminal chat against a model or a server URL;
-`jaxchat convert SRC DST` writes an orbax checkpoint. Bad arguments exit with a clear message.
+`jaxchat convert SRC DST` writes an orbax checkpoint. `--quantize int8` (serve, chat, convert) loads int8
+weights (W8A8; convert stores the int8 values and scales). Bad arguments exit with a clear message.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import os
 import sys
 
-from jaxchat.models.load import DTYPES
+from jaxchat.models.load import DTYPES, QUANTIZE
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +24,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=4096, help="tokens per sequence (prompt + completion)")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weights and activations; auto: bfloat16 on TPU and GPU, float32 on CPU")
+    p.add_argument("--quantize", choices=QUANTIZE, default=None,
+                   help="int8: int8 weights with per-channel scales, activations quantised per row (W8A8)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("src")
     convert.add_argument("dst")
     convert.add_argument("--dtype", choices=DTYPES, default="auto")
+    convert.add_argument("--quantize", choices=QUANTIZE, default=None, help="store int8 weights and their scales")
     sub.add_parser("bench", help="list the benchmark scripts under bench/")
     return parser
 
@@ -63,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     service = build_chat_service(args.model, max_batch=args.max_batch, max_context=args.max_context,
-                                 dtype=args.dtype, constrained=not args.no_constrain)
+                                 dtype=args.dtype, constrained=not args.no_constrain, quantize=args.quantize)
     release_freed_memory()  # the loader's conversion buffers
     logging.getLogger("jaxchat").info("Serving %s on http://%s:%d/v1", service.model_id, args.host, args.port)
     try:
@@ -76,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from jaxchat.models import load_model, save_orbax
 
-    save_orbax(load_model(args.src, args.dtype), args.dst)
+    save_orbax(load_model(args.src, args.dtype, quantize=args.quantize), args.dst)
     print(f"wrote orbax checkpoint {args.dst}")
     return 0
 

@@ -1,6 +1,7 @@
 """`jaxchat.LLM`: the in-process API for notebooks, on the same serving pipeline as the server.
 
-Contract: `LLM(model=None, limits=Limits())` loads a model (the default model when None) and runs its
+Contract: `LLM(model=None, limits=Limits(), quantize=None)` loads a model (the default model when None; `quantize`
+"int8": int8 weights, W8A8) and runs its
 engine; `.chat(messages, tools=..., tool_choice=..., response_format=..., stream=False)` returns the
 same `chat.completion` dict the server returns (or, with `stream=True`, an iterator of the same chunk
 dicts); `.generate(prompt, max_tokens=..., temperature=0.0, ignore_eos=False)` returns a `Completion`
@@ -39,9 +40,9 @@ class Completion:
 
 class LLM:
     def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "auto",
-                 limits: Limits | None = None, **kwargs) -> None:
-        self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype, **kwargs),
-                    limits)
+                 quantize: str | None = None, limits: Limits | None = None, **kwargs) -> None:
+        self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype,
+                                       quantize=quantize, **kwargs), limits)
 
     @classmethod
     def from_service(cls, service: ChatService, limits: Limits | None = None) -> LLM:

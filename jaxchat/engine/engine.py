@@ -86,8 +86,9 @@ class Engine:
 
     @classmethod
     def from_path(cls, path: str | None = None, *, dtype: str = "auto", max_batch: int = 16,
-                  max_context: int = 2048, **kwargs: Any) -> Engine:
-        """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) and build an engine."""
+                  max_context: int = 2048, quantize: str | None = None, **kwargs: Any) -> Engine:
+        """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset; `quantize` "int8": int8
+        weights, see `models.load.load_model`) and build an engine."""
         from jaxchat.models import load_model
 
         if path is None:
@@ -95,7 +96,7 @@ class Engine:
 
             path = asset_path(DEFAULT_MODEL)
         mesh = kwargs.pop("mesh", None) or make_mesh()
-        return cls(load_model(path, dtype, mesh), max_batch, max_context, mesh=mesh, **kwargs)
+        return cls(load_model(path, dtype, mesh, quantize=quantize), max_batch, max_context, mesh=mesh, **kwargs)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -94,6 +94,7 @@ class LoadedModel:
         self.bos_token_id = bos_token_id if bos_token_id is not None else config.bos_token_id
         self.mesh = mesh
         self.source = source
+        self.quantize: str | None = None  # "int8": the matmul weights are `quant.Int8Weight`s
         from jaxchat.models.families import is_stacked
 
         self.stacked = is_stacked(config)  # False: a listed family (`layers.CausalLM`), unrolled only
@@ -146,13 +147,21 @@ class LoadedModel:
 
     def vocab_major_head(self, params, mesh=None):
         """The lm head as a new [vocab, hidden] array (`lm_head_weight`, transposed); given a mesh, placed
-        with the head's sharding, axes swapped."""
+        with the head's sharding, axes swapped (an int8 head: its values and scales, each)."""
+        from jaxchat.models.quant import Int8Weight
+
+        head = self.lm_head_weight(params)
+        if isinstance(head, Int8Weight):  # int8: values and scales, each transposed
+            return Int8Weight(*(self._vocab_major(a, mesh) for a in (head.values, head.scale)), head.dtype)
+        return self._vocab_major(head, mesh)
+
+    @staticmethod
+    def _vocab_major(head, mesh):
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        head = self.lm_head_weight(params)
         head_vd = jnp.transpose(head).copy()
         if mesh is None:
             return head_vd

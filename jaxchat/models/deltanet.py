@@ -26,6 +26,7 @@ from flax import nnx
 
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.layers import CacheSlot, param
+from jaxchat.models.quant import qeinsum
 
 CHUNK = 64
 F32 = jnp.float32
@@ -115,18 +116,19 @@ class GatedDeltaNet(nnx.Module):
         r = nv // nk
         self.grouped = grouped
         if grouped:  # Qwen3-Next: per key head [q, k, v (r heads), z (r heads)] and [b (r), a (r)]
-            self.in_qkvz = param((nk, 2 * dk + 2 * r * dv, d), ("linear_heads", "linear_qkvz", "embed"), dtype)
+            self.in_qkvz = param((nk, 2 * dk + 2 * r * dv, d), ("linear_heads", "linear_qkvz", "embed"), dtype,
+                                  contract=(2,))
             self.in_ba = param((nk, 2 * r, d), ("linear_heads", "linear_ba", "embed"), dtype)
         else:  # Qwen3.5
-            self.in_qkv = param((conv_dim, d), ("linear_conv", "embed"), dtype)
-            self.in_z = param((nv * dv, d), ("linear_value", "embed"), dtype)
+            self.in_qkv = param((conv_dim, d), ("linear_conv", "embed"), dtype, contract=(1,))
+            self.in_z = param((nv * dv, d), ("linear_value", "embed"), dtype, contract=(1,))
             self.in_b = param((nv, d), ("linear_heads", "embed"), dtype)
             self.in_a = param((nv, d), ("linear_heads", "embed"), dtype)
         self.conv = param((conv_dim, cfg.linear_conv_kernel_dim), ("linear_conv", "conv_kernel"), dtype)
         self.dt_bias = param((nv,), ("linear_heads",), dtype, 1.0)
         self.A_log = param((nv,), ("linear_heads",), dtype)
         self.norm = param((dv,), ("norm",), dtype, 1.0)
-        self.out = param((d, nv * dv), ("embed", "linear_value"), dtype)
+        self.out = param((d, nv * dv), ("embed", "linear_value"), dtype, contract=(1,))
         self.nk, self.nv, self.dk, self.dv = nk, nv, dk, dv
         self.eps = cfg.rms_norm_eps
         if cfg.hidden_act not in ("silu", "swish"):
@@ -138,14 +140,14 @@ class GatedDeltaNet(nnx.Module):
         nk, nv, dk, dv = self.nk, self.nv, self.dk, self.dv
         if self.grouped:
             r = nv // nk
-            qkvz = jnp.einsum("btd,hfd->bthf", x, self.in_qkvz[...])
+            qkvz = qeinsum("btd,hfd->bthf", x, self.in_qkvz[...])
             q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
             v, z = qkvz[..., 2 * dk:2 * dk + r * dv], qkvz[..., 2 * dk + r * dv:]
             ba = jnp.einsum("btd,hfd->bthf", x, self.in_ba[...])
             mixed = jnp.concatenate([q.reshape(bsz, t, -1), k.reshape(bsz, t, -1), v.reshape(bsz, t, -1)], axis=-1)
             return mixed, z.reshape(bsz, t, nv, dv), ba[..., :r].reshape(bsz, t, nv), ba[..., r:].reshape(bsz, t, nv)
-        mixed = jnp.einsum("btd,fd->btf", x, self.in_qkv[...])
-        z = jnp.einsum("btd,fd->btf", x, self.in_z[...]).reshape(bsz, t, nv, dv)
+        mixed = qeinsum("btd,fd->btf", x, self.in_qkv[...])
+        z = qeinsum("btd,fd->btf", x, self.in_z[...]).reshape(bsz, t, nv, dv)
         return mixed, z, jnp.einsum("btd,fd->btf", x, self.in_b[...]), jnp.einsum("btd,fd->btf", x, self.in_a[...])
 
     def __call__(self, x, positions, cache, slot: CacheSlot):
@@ -189,7 +191,7 @@ class GatedDeltaNet(nnx.Module):
         h = out.astype(F32)  # gated RMSNorm: norm, weight, times silu(z)
         h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + self.eps)
         h = (self.norm[...] * h.astype(x.dtype)).astype(F32) * jax.nn.silu(z.astype(F32))
-        y = jnp.einsum("btf,df->btd", h.astype(x.dtype).reshape(bsz, t, nv * dv), self.out[...])
+        y = qeinsum("btf,df->btd", h.astype(x.dtype).reshape(bsz, t, nv * dv), self.out[...])
 
         window, state = window.astype(window_all.dtype), state.astype(state_all.dtype)
         if own:

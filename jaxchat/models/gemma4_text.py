@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxchat.models import moe
+from jaxchat.models import moe, quant
 from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.entries import Entry
 from jaxchat.models.layers import (
@@ -51,6 +51,7 @@ from jaxchat.models.layers import (
     rope_tables,
     vocab_major_logits,
 )
+from jaxchat.models.quant import qeinsum
 
 
 class Norm(nnx.Module):
@@ -90,8 +91,9 @@ class Gemma4Attention(nnx.Module):
         self.k_eq_v = cfg.attention_k_eq_v and not cfg.is_sliding[i]
         own = 0 if self.shared else 1 if self.k_eq_v else 2  # k (and v) rows after the query heads
         # fused as in `layers.Attention`: [d, kv, g + own, hd], per kv head its g query heads, then k, then v
-        self.qkv = param((d, kv, h // kv + own, hd), ("embed", "kv_heads", "qkv", "head_dim"), dtype)
-        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype)
+        self.qkv = param((d, kv, h // kv + own, hd), ("embed", "kv_heads", "qkv", "head_dim"), dtype,
+                         contract=(0,))
+        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype, contract=(0, 1))
         eps = cfg.rms_norm_eps
         self.q_norm = Norm(hd, eps, dtype)
         if not self.shared:
@@ -101,7 +103,7 @@ class Gemma4Attention(nnx.Module):
 
     def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
         """`cache` is this layer's own, or for a KV-shared layer its source layer's (read, returned as is)."""
-        proj = jnp.einsum("btd,dkgh->btkgh", x, self.qkv[...])
+        proj = qeinsum("btd,dkgh->btkgh", x, self.qkv[...])
         g = self.groups
         q = self.q_norm(proj[:, :, :, :g].reshape(*proj.shape[:2], -1, proj.shape[-1]))
         cos, sin = rope
@@ -115,7 +117,7 @@ class Gemma4Attention(nnx.Module):
             k = apply_rope(self.k_norm(k), cos, sin)
             cache, keys, values = kv_io(cache, k, self.v_norm(v), positions, slot, span)
         out = attend(q, keys, values, mask, 1.0)
-        return jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...]), cache
+        return qeinsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...]), cache
 
 
 class Experts(nnx.Module):
@@ -126,8 +128,8 @@ class Experts(nnx.Module):
         self.router_proj = param((d, e), ("embed", "router"), dtype)
         self.router_scale = param((d,), ("norm",), dtype, 1.0)
         self.per_expert_scale = param((e,), ("router",), dtype, 1.0)
-        self.gate_up = param((e, d, 2 * f), ("experts", "embed", "expert_gate_up"), dtype)
-        self.down = param((e, f, d), ("experts", "expert_mlp", "embed"), dtype)
+        self.gate_up = param((e, d, 2 * f), ("experts", "embed", "expert_gate_up"), dtype, contract=(1,))
+        self.down = param((e, f, d), ("experts", "expert_mlp", "embed"), dtype, contract=(1,))
         self.k, self.num_experts, self.eps, self.f = cfg.num_experts_per_tok, e, cfg.rms_norm_eps, f
         self.act = _act(cfg)
 
@@ -167,8 +169,8 @@ class Gemma4Block(nnx.Module):
             self.post_ffw_norm_2 = Norm(d, eps, dtype)
         self.pli = cfg.per_layer_input_size
         if self.pli:
-            self.pli_gate = param((self.pli, d), ("per_layer", "embed"), dtype)  # HF [out, in]
-            self.pli_proj = param((d, self.pli), ("embed", "per_layer"), dtype)
+            self.pli_gate = param((self.pli, d), ("per_layer", "embed"), dtype, contract=(1,))  # HF [out, in]
+            self.pli_proj = param((d, self.pli), ("embed", "per_layer"), dtype, contract=(1,))
             self.post_pli_norm = Norm(d, eps, dtype)
             self.act = _act(cfg)
         self.layer_scalar = param((1,), ("norm",), dtype, 1.0)
@@ -183,8 +185,8 @@ class Gemma4Block(nnx.Module):
             h = self.post_ffw_norm_1(h) + self.post_ffw_norm_2(routed)
         x = x + self.post_ffw_norm(h)
         if self.pli:
-            g = self.act(jnp.einsum("btd,pd->btp", x, self.pli_gate[...]))
-            h = jnp.einsum("btp,dp->btd", g * per_layer_input, self.pli_proj[...])
+            g = self.act(qeinsum("btd,pd->btp", x, self.pli_gate[...]))
+            h = qeinsum("btp,dp->btd", g * per_layer_input, self.pli_proj[...])
             x = x + self.post_pli_norm(h)
         return x * self.layer_scalar[...], cache
 
@@ -211,7 +213,7 @@ class Model(CausalLM):
         if p:
             lp = cfg.num_layers * p
             self.embed_per_layer = param((cfg.per_layer_vocab_size, lp), ("vocab", "per_layer"), dtype)
-            self.per_layer_model_projection = param((lp, d), ("per_layer", "embed"), dtype)  # HF [out, in]
+            self.per_layer_model_projection = param((lp, d), ("per_layer", "embed"), dtype, contract=(1,))  # HF [out, in]
             self.per_layer_projection_norm = Norm(p, cfg.rms_norm_eps, dtype)
 
     def per_layer_inputs(self, tokens, embeds):
@@ -220,7 +222,7 @@ class Model(CausalLM):
         n, p = cfg.num_layers, cfg.per_layer_input_size
         table = self.embed_per_layer[...]
         ple = jnp.take(table, tokens, axis=0, mode="clip") * jnp.asarray(math.sqrt(p), table.dtype)
-        proj = jnp.einsum("btd,ld->btl", embeds, self.per_layer_model_projection[...])
+        proj = qeinsum("btd,ld->btl", embeds, self.per_layer_model_projection[...])
         proj = proj * jnp.asarray(cfg.hidden_size ** -0.5, proj.dtype)
         proj = self.per_layer_projection_norm(proj.reshape(*proj.shape[:2], n, p))
         return (proj + ple.reshape(*ple.shape[:2], n, p)) * jnp.asarray(2.0 ** -0.5, proj.dtype)
@@ -231,7 +233,7 @@ class Model(CausalLM):
         `base.LoadedModel.forward`. `layer_states` is not used: a listed model's params hold its layers."""
         cfg = self.config
         table = self.embed[...]
-        x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
+        x = jnp.moveaxis(quant.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
         x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
         pli = self.per_layer_inputs(tokens, x) if cfg.per_layer_input_size else None
         s = attention_span(cache_v, attend_len, per_layer=True)
@@ -262,7 +264,7 @@ class Model(CausalLM):
             logits = vocab_major_logits(x, head_vd)
         else:
             head = table if cfg.tie_word_embeddings else self.lm_head[...]
-            logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+            logits = qeinsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
         if cfg.final_logit_softcapping is not None:
             cap = cfg.final_logit_softcapping
             logits = jnp.tanh(logits / cap) * cap

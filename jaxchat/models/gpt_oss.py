@@ -31,9 +31,9 @@ class Experts(nnx.Module):
         d, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
         self.router = param((e, d), ("router", "embed"), dtype)  # HF [E, d]; replicated (small)
         self.router_bias = param((e,), ("router",), dtype)
-        self.gate_up = param((e, d, 2 * f), ("experts", "embed", "mlp"), dtype)  # [E, in, out], gate/up interleaved
+        self.gate_up = param((e, d, 2 * f), ("experts", "embed", "mlp"), dtype, contract=(1,))  # [E, in, out], gate/up interleaved
         self.gate_up_bias = param((e, 2 * f), ("experts", "mlp"), dtype)
-        self.down = param((e, f, d), ("experts", "mlp", "embed"), dtype)
+        self.down = param((e, f, d), ("experts", "mlp", "embed"), dtype, contract=(1,))
         self.down_bias = param((e, d), ("experts", "embed"), dtype)
         self.k = cfg.num_experts_per_tok
         self.num_experts = e

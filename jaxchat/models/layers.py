@@ -9,6 +9,9 @@ Contract:
   layout, its gate and up projections fused as gate_up [2, mlp, embed] (gate at 0, up at 1) and down
   [embed, mlp], applied to feature-major activations; the token embedding is
   stored transposed, embed [embed, vocab] (also the tied lm head).
+- Weights a matmul contracts are declared with `param(..., contract=axes)` and multiplied through
+  `quant.qeinsum` (lookups through `quant.take`): plain `jnp.einsum` for float weights, W8A8 when
+  `quantize.quantize_params` made them `quant.Int8Weight`s (the int8 MLP then runs on row-major activations).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear", Llama 3 ("llama3"), YaRN ("yarn") and Gemma 4 "proportional"
@@ -36,7 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxchat.models import quant
 from jaxchat.models.config import ModelConfig
+from jaxchat.models.quant import qeinsum
 
 NEG = -1e30
 
@@ -49,8 +54,12 @@ class CacheSlot(NamedTuple):
     per_layer: bool  # the cache is this layer's own (`base.layer_cache`): tuples of position chunks
 
 
-def param(shape, axes, dtype, init=0.0) -> nnx.Param:
-    return nnx.Param(jnp.full(shape, init, dtype), axes=tuple(axes))
+def param(shape, axes, dtype, init=0.0, contract: tuple[int, ...] | None = None) -> nnx.Param:
+    """A parameter with its logical axes; a weight a matmul contracts gives `contract`, the axes it contracts
+    (the ones `quant.quantize_weight` reduces; `quantize.quantize_params` quantises only these)."""
+    if contract is None:
+        return nnx.Param(jnp.full(shape, init, dtype), axes=tuple(axes))
+    return nnx.Param(jnp.full(shape, init, dtype), axes=tuple(axes), contract=tuple(contract))
 
 
 class RMSNorm(nnx.Module):
@@ -189,8 +198,8 @@ class Attention(nnx.Module):
         # q, k and v are one param grouped by kv head: [d, kv, g + 2, hd] holds, for each kv head, its g
         # query heads, then its key, then its value. One matmul instead of three (the k/v matvecs are tiny
         # and slow on CPU), and sharding "kv_heads" keeps each query group with its key and value.
-        self.qkv = param((d, kv, h // kv + 2, hd), ("embed", "kv_heads", "qkv", "head_dim"), dtype)
-        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype)
+        self.qkv = param((d, kv, h // kv + 2, hd), ("embed", "kv_heads", "qkv", "head_dim"), dtype, contract=(0,))
+        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype, contract=(0, 1))
         if cfg.attention_bias:
             self.qkv_bias = param((kv, h // kv + 2, hd), ("kv_heads", "qkv", "head_dim"), dtype)
         if cfg.o_bias:
@@ -209,7 +218,7 @@ class Attention(nnx.Module):
         self.groups = h // kv
 
     def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
-        qkv = jnp.einsum("btd,dkgh->btkgh", x, self.qkv[...])
+        qkv = qeinsum("btd,dkgh->btkgh", x, self.qkv[...])
         if self.has_bias:
             qkv = qkv + self.qkv_bias[...]
         g = self.groups
@@ -222,7 +231,7 @@ class Attention(nnx.Module):
         span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
         cache, keys, values = kv_io(cache, k, v, positions, slot, span)
         out = attend(q, keys, values, mask, self.scale, self.softcap, self.sinks[...] if self.has_sinks else None)
-        out = jnp.einsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
+        out = qeinsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
         if self.has_o_bias:
             out = out + self.o_bias[...]
         return out, cache
@@ -333,8 +342,8 @@ class MLP(nnx.Module):
         # row, -17% at 16). The transposes of the thin activations stay separate copies (barriers): folded
         # into the dots they pick the slow kernel again. Sharding "mlp" gives each device matching gate,
         # up and down slices.
-        self.gate_up = param((2, f, d), ("gate_up", "mlp", "embed"), dtype)
-        self.down = param((d, f), ("embed", "mlp"), dtype)
+        self.gate_up = param((2, f, d), ("gate_up", "mlp", "embed"), dtype, contract=(2,))
+        self.down = param((d, f), ("embed", "mlp"), dtype, contract=(1,))
         act = cfg.hidden_act
         if act not in ("silu", "swish", "gelu_pytorch_tanh", "gelu_tanh", "gelu"):
             raise ValueError(f"hidden_act {act!r} is not supported")
@@ -342,11 +351,15 @@ class MLP(nnx.Module):
 
     def __call__(self, x):
         lead, d = x.shape[:-1], x.shape[-1]
+        if quant.is_quantized(self.gate_up[...]):  # int8: row-major activations, both operands contract their minor axis
+            h = qeinsum("nd,cfd->cnf", x.reshape(-1, d), self.gate_up[...])
+            g = jax.nn.gelu(h[0], approximate=True) if self.gelu else jax.nn.silu(h[0])
+            return qeinsum("nf,df->nd", g * h[1], self.down[...]).reshape(*lead, d)
         xt = jax.lax.optimization_barrier(x.reshape(-1, d).T)  # [d, N]
-        h = jnp.einsum("cfd,dn->cfn", self.gate_up[...], xt)
+        h = qeinsum("cfd,dn->cfn", self.gate_up[...], xt)
         g, u = h[0], h[1]
         g = jax.nn.gelu(g, approximate=True) if self.gelu else jax.nn.silu(g)
-        out = self.down[...] @ (g * u)  # [d, N]
+        out = qeinsum("df,fn->dn", self.down[...], g * u)  # [d, N]
         return jax.lax.optimization_barrier(out).T.reshape(*lead, d)
 
 
@@ -432,7 +445,7 @@ class CausalLM(nnx.Module):
         self.config = cfg
         # The table is stored [embed, vocab]: as the tied lm head that is a plain [d, V] matmul, which
         # XLA:CPU runs ~25% faster than contracting the minor axis of [V, d]; the lookup gathers columns.
-        self.embed = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
+        self.embed = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype, contract=(0,))
         self.stacked = self.is_stacked(cfg)
         if self.stacked:
             self.layers = make_stack(cfg, self.block_cls, dtype)
@@ -440,13 +453,13 @@ class CausalLM(nnx.Module):
             self.layers = nnx.List([self.block_for(cfg, i, dtype) for i in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, gemma=self.gemma)
         if not cfg.tie_word_embeddings:
-            self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype)
+            self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype, contract=(0,))
 
     def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None,
                  attend_len=None, head_vd=None):
         cfg = self.config
         table = self.embed[...]
-        x = jnp.moveaxis(jnp.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
+        x = jnp.moveaxis(quant.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
         s = attention_span(cache_v, attend_len, per_layer=layer_states is not None or not self.stacked)
@@ -468,9 +481,9 @@ class CausalLM(nnx.Module):
         if head_vd is not None:
             logits = vocab_major_logits(x, head_vd)
         elif cfg.tie_word_embeddings:
-            logits = jnp.einsum("btd,dv->btv", x, table, preferred_element_type=jnp.float32)
+            logits = qeinsum("btd,dv->btv", x, table, preferred_element_type=jnp.float32)
         else:
-            logits = jnp.einsum("btd,dv->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
+            logits = qeinsum("btd,dv->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
         if cfg.final_logit_softcapping is not None:
             cap = cfg.final_logit_softcapping
             logits = jnp.tanh(logits / cap) * cap
@@ -484,6 +497,5 @@ def vocab_major_logits(x, head_vd):
     XLA:CPU runs this ~1.5x faster than x . [d, V], but only while the transpose stays a separate copy
     (folded into the dot it picks the slow kernel again)."""
     b, t, d = x.shape
-    lt = jax.lax.dot_general(head_vd, x.reshape(b * t, d), (((1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+    lt = qeinsum("vd,nd->vn", head_vd, x.reshape(b * t, d), preferred_element_type=jnp.float32)
     return jax.lax.optimization_barrier(lt).T.reshape(b, t, -1)

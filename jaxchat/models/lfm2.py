@@ -26,6 +26,7 @@ from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
 from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm, param
 from jaxchat.models.llama import attention_entries
+from jaxchat.models.quant import qeinsum
 
 
 def is_attention(cfg: ModelConfig, i: int) -> bool:
@@ -35,9 +36,9 @@ def is_attention(cfg: ModelConfig, i: int) -> bool:
 class ShortConv(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         d, k = cfg.hidden_size, cfg.conv_kernel_size
-        self.in_proj = param((d, 3, d), ("embed", "conv_parts", "conv_dim"), dtype)  # B, C, x per channel
+        self.in_proj = param((d, 3, d), ("embed", "conv_parts", "conv_dim"), dtype, contract=(0,))  # B, C, x per channel
         self.conv = param((d, 1, k), ("conv_dim", "conv_one", "conv_window"), dtype)  # HF's depthwise layout
-        self.out_proj = param((d, d), ("conv_dim", "embed"), dtype)
+        self.out_proj = param((d, d), ("conv_dim", "embed"), dtype, contract=(0,))
         if cfg.conv_bias:
             self.in_bias = param((3, d), ("conv_parts", "conv_dim"), dtype)
             self.conv_bias = param((d,), ("conv_dim",), dtype)
@@ -50,7 +51,7 @@ class ShortConv(nnx.Module):
         b, t = positions.shape
         k = self.window
         valid = positions >= 0
-        h = jnp.einsum("btd,dpc->btpc", x, self.in_proj[...])
+        h = qeinsum("btd,dpc->btpc", x, self.in_proj[...])
         if self.has_bias:
             h = h + self.in_bias[...]
         gate_b, gate_c, xs = h[:, :, 0], h[:, :, 1], h[:, :, 2]
@@ -63,7 +64,7 @@ class ShortConv(nnx.Module):
         out = sum(seq[:, j:j + t, :] * w[:, j] for j in range(k))
         if self.has_bias:
             out = out + self.conv_bias[...]
-        y = jnp.einsum("btc,cd->btd", (gate_c * out).astype(x.dtype), self.out_proj[...])
+        y = qeinsum("btc,cd->btd", (gate_c * out).astype(x.dtype), self.out_proj[...])
         if self.has_bias:
             y = y + self.out_bias[...]
         # the new state: the L-1 inputs ending at each row's last valid token (none: the old state)

@@ -29,9 +29,9 @@ class SigmoidMoE(nnx.Module):
         self.router = param((d, e), ("embed", "router"), dtype)
         if cfg.use_expert_bias:
             self.expert_bias = param((e,), ("router",), dtype)
-        self.gate = param((e, d, f), ("experts", "embed", "mlp"), dtype)
-        self.up = param((e, d, f), ("experts", "embed", "mlp"), dtype)
-        self.down = param((e, f, d), ("experts", "mlp", "embed"), dtype)
+        self.gate = param((e, d, f), ("experts", "embed", "mlp"), dtype, contract=(1,))
+        self.up = param((e, d, f), ("experts", "embed", "mlp"), dtype, contract=(1,))
+        self.down = param((e, f, d), ("experts", "mlp", "embed"), dtype, contract=(1,))
         self.use_bias = cfg.use_expert_bias
         self.k = cfg.num_experts_per_tok
         self.num_experts = e

@@ -14,6 +14,8 @@ Contract:
   M <= `SCAN_MAX_ROWS` on CPU) a scan over the sorted assignments multiplies each row by its expert's
   matrix, read in place (no gathered weight copy); otherwise `jax.lax.ragged_dot` over the expert groups
   (the grouped-matmul kernels of TPU and GPU). No path multiplies a token by every expert.
+- `expert_matmul` with an int8 `quant.Int8Weight` (scale [E, 1, out]) multiplies by the int8 values converted to
+  the rows' dtype (weight-only: activations stay float) and scales each row by its expert's output scales.
 - `expert_bias(b, d)` gathers per-assignment biases; `combine(y, d, n)` multiplies each assignment's row by
   its routing weight and sums the rows of each token -> [n, out].
 - The expert axis of w is the "experts" logical axis; sharding it over the mesh (expert parallelism)
@@ -26,6 +28,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from jaxchat.models import quant
 
 SCAN_MAX_ROWS = 256  # above this many assignments the grouped ragged_dot is cheaper than the per-row scan
 
@@ -83,10 +87,13 @@ def gather_rows(x, d: Dispatch):
 def expert_matmul(rows, w, d: Dispatch):
     """rows [M, in] @ w[expert of each row] ([E, in, out]) -> [M, out], reading only routed experts."""
     m = rows.shape[0]
+    if quant.is_quantized(w):  # int8 weights: the matmul on the values, scaled per (expert, output) after
+        y = expert_matmul(rows, w.values, d)
+        return (y.astype(jnp.float32) * jnp.take(w.scale[:, 0], d.expert, axis=0)).astype(rows.dtype)
     if m <= SCAN_MAX_ROWS and jax.default_backend() == "cpu":
         def one(_, pair):
             row, e = pair
-            return None, jnp.dot(row, w[e], preferred_element_type=jnp.float32).astype(rows.dtype)
+            return None, jnp.dot(row, w[e].astype(rows.dtype), preferred_element_type=jnp.float32).astype(rows.dtype)
 
         return jax.lax.scan(one, None, (rows, d.expert))[1]
     return jax.lax.ragged_dot(rows, w.astype(rows.dtype), d.group_sizes)

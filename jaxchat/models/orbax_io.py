@@ -5,7 +5,9 @@ pure param dict), `dst/config.json` (HF-style, see `ModelConfig.to_hf_config`), 
 (`save_pretrained`, chat template included) and `dst/jaxchat_orbax.json` (the marker `load_model`
 detects, with dtype, eos/bos ids and the chat template). `load_orbax(dst, dtype, mesh)` restores
 straight into the target dtype and, given a mesh, into the target `NamedSharding`s (no host copy
-of the full tree first). `dst` must not exist or be an empty directory.
+of the full tree first). `dst` must not exist or be an empty directory. An int8 model (`model.quantize`)
+is stored as its int8 values and scales (each `quant.Int8Weight` a dict {"int8_values", "int8_scale"}) with
+"quantize" in the marker, and restores as int8 (`quantize.abstract_quantized`), never re-quantised.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
         raise ModelLoadError(f"orbax destination {str(dst)!r} exists and is not empty")
     dst.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(dst / "params", model.params)
+        ckptr.save(dst / "params", _plain(model.params))
         ckptr.wait_until_finished()
     (dst / "config.json").write_text(json.dumps(model.config.to_hf_config(), indent=2))
     if model.tokenizer is not None:
@@ -42,6 +44,7 @@ def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
         "bos_token_id": model.bos_token_id,
         "chat_template": model.chat_template,
         "source": model.source,
+        "quantize": getattr(model, "quantize", None),
     }
     (dst / MARKER).write_text(json.dumps(meta, indent=2))
     return dst
@@ -58,7 +61,13 @@ def load_orbax(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
     meta = json.loads((path / MARKER).read_text())
     cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
     graphdef, _ = abstract_model(cfg, dtype)
-    shapes = abstract_params(cfg, dtype)
+    quantize = meta.get("quantize")
+    if quantize:
+        from jaxchat.models.quantize import abstract_quantized
+
+        shapes = abstract_quantized(cfg, dtype)
+    else:
+        shapes = abstract_params(cfg, dtype)
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
 
@@ -71,11 +80,40 @@ def load_orbax(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
         target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=dev), shapes)
     with ocp.StandardCheckpointer() as ckptr:
         try:
-            params = ckptr.restore(path / "params", target)
+            params = ckptr.restore(path / "params", _plain(target))
         except (ValueError, KeyError) as e:
             raise ModelLoadError(f"orbax checkpoint {str(path)!r} does not match its config.json: {e}") from e
+    if quantize:
+        params = _unplain(params, jax.numpy.dtype(dtype).name)
     tok = load_tokenizer(path)
     template = meta.get("chat_template") or (getattr(tok, "chat_template", None) if tok is not None else None)
-    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
-                       eos_token_ids=tuple(meta.get("eos_token_ids") or cfg.eos_token_ids),
-                       bos_token_id=meta.get("bos_token_id"), mesh=mesh, source=str(path))
+    model = LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
+                        eos_token_ids=tuple(meta.get("eos_token_ids") or cfg.eos_token_ids),
+                        bos_token_id=meta.get("bos_token_id"), mesh=mesh, source=str(path))
+    model.quantize = quantize
+    return model
+
+
+def _plain(tree):
+    """The params with each `Int8Weight` as a dict {"int8_values", "int8_scale"} (what orbax stores)."""
+    from jaxchat.models.quant import Int8Weight
+
+    if isinstance(tree, Int8Weight):
+        return {"int8_values": tree.values, "int8_scale": tree.scale}
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_plain(v) for v in tree)
+    return tree
+
+
+def _unplain(tree, dtype):
+    from jaxchat.models.quant import Int8Weight
+
+    if isinstance(tree, dict) and set(tree) == {"int8_values", "int8_scale"}:
+        return Int8Weight(tree["int8_values"], tree["int8_scale"], dtype)
+    if isinstance(tree, dict):
+        return {k: _unplain(v, dtype) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return tuple(_unplain(v, dtype) for v in tree)
+    return tree

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxchat.models import moe
+from jaxchat.models import moe, quant
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry, listed
 from jaxchat.models.layers import CausalLM, param
@@ -36,8 +36,8 @@ class SparseMLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         e, d, f = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.router = param((e, d), ("router", "embed"), dtype)
-        self.gate_up = param((e, d, 2, f), ("experts", "embed", "gate_up", "mlp"), dtype)
-        self.down = param((e, f, d), ("experts", "mlp", "embed"), dtype)
+        self.gate_up = param((e, d, 2, f), ("experts", "embed", "gate_up", "mlp"), dtype, contract=(1,))
+        self.down = param((e, f, d), ("experts", "mlp", "embed"), dtype, contract=(1,))
         self.top_k = cfg.num_experts_per_tok
         self.normalize = cfg.norm_topk_prob
 
@@ -49,7 +49,10 @@ class SparseMLP(nnx.Module):
         weights, experts = moe.softmax_topk(logits, self.top_k, self.normalize)
         weights = weights.astype(x.dtype).astype(jnp.float32)  # the model-dtype weights transformers uses
         d = moe.dispatch(experts, weights, e)
-        gu = moe.expert_matmul(moe.gather_rows(h, d), self.gate_up[...].reshape(e, dim, 2 * f), d)
+        gate_up = self.gate_up[...]
+        gate_up = (gate_up.reshape((e, dim, 2 * f), (e, 1, 2 * f)) if quant.is_quantized(gate_up)
+                   else gate_up.reshape(e, dim, 2 * f))
+        gu = moe.expert_matmul(moe.gather_rows(h, d), gate_up, d)
         act = jax.nn.silu(gu[:, :f]) * gu[:, f:]
         y = moe.expert_matmul(act, self.down[...], d)
         return moe.combine(y, d, h.shape[0]).reshape(*lead, dim)

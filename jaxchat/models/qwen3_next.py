@@ -46,6 +46,7 @@ from jaxchat.models.layers import (
     rope_tables,
 )
 from jaxchat.models.llama import global_entries, mlp_entries
+from jaxchat.models.quant import qeinsum
 
 HF_RENAMES = {"model.language_model.": "model."}  # Qwen3.5's multimodal checkpoints: the text decoder's tensors
 HF_SKIPPED = ("mtp.", "model.visual.")  # multi-token-prediction heads and the vision tower: not loaded
@@ -58,10 +59,10 @@ def rotary_dim(cfg: ModelConfig) -> int:
 class GatedAttention(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q = param((d, 2 * h, hd), ("embed", "heads", "head_dim"), dtype)  # per head: query, gate
-        self.k = param((d, kv, hd), ("embed", "kv_heads", "head_dim"), dtype)
-        self.v = param((d, kv, hd), ("embed", "kv_heads", "head_dim"), dtype)
-        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype)
+        self.q = param((d, 2 * h, hd), ("embed", "heads", "head_dim"), dtype, contract=(0,))  # per head: query, gate
+        self.k = param((d, kv, hd), ("embed", "kv_heads", "head_dim"), dtype, contract=(0,))
+        self.v = param((d, kv, hd), ("embed", "kv_heads", "head_dim"), dtype, contract=(0,))
+        self.o = param((h, hd, d), ("heads", "head_dim", "embed"), dtype, contract=(0, 1))
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=True)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=True)
         self.config = cfg
@@ -70,10 +71,10 @@ class GatedAttention(nnx.Module):
         cfg = self.config
         b, t, _ = x.shape
         h, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qg = jnp.einsum("btd,dnh->btnh", x, self.q[...]).reshape(b, t, h, 2, hd)
+        qg = qeinsum("btd,dnh->btnh", x, self.q[...]).reshape(b, t, h, 2, hd)
         q, gate = self.q_norm(qg[:, :, :, 0]), qg[:, :, :, 1]
-        k = self.k_norm(jnp.einsum("btd,dnh->btnh", x, self.k[...]))
-        v = jnp.einsum("btd,dnh->btnh", x, self.v[...])
+        k = self.k_norm(qeinsum("btd,dnh->btnh", x, self.k[...]))
+        v = qeinsum("btd,dnh->btnh", x, self.v[...])
         rd = rotary_dim(cfg)
         cos, sin = rope_tables(positions, rope_inv_freq(rd, cfg.rope_theta, cfg.rope_scaling))
         q = jnp.concatenate([apply_rope(q[..., :rd], cos, sin), q[..., rd:]], axis=-1)
@@ -94,15 +95,15 @@ class GatedAttention(nnx.Module):
             out, start = part if out is None else out + part, start + w
         out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd).astype(x.dtype)
         out = out * jax.nn.sigmoid(gate)
-        return jnp.einsum("bthk,hkd->btd", out, self.o[...]), cache
+        return qeinsum("bthk,hkd->btd", out, self.o[...]), cache
 
 
 class SparseMoE(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype):
         d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
         self.router = param((e, d), ("experts", "embed"), dtype)
-        self.gate_up = param((2 * e, d, f), ("experts", "embed", "expert_mlp"), dtype)  # gates 0..E-1, ups E..2E-1
-        self.down = param((e, f, d), ("experts", "expert_mlp", "embed"), dtype)
+        self.gate_up = param((2 * e, d, f), ("experts", "embed", "expert_mlp"), dtype, contract=(1,))  # gates 0..E-1, ups E..2E-1
+        self.down = param((e, f, d), ("experts", "expert_mlp", "embed"), dtype, contract=(1,))
         self.shared = MLP(cfg.replace(intermediate_size=cfg.shared_expert_intermediate_size), dtype)
         self.shared_gate = param((1, d), ("norm", "embed"), dtype)
         self.k, self.normalize, self.num_experts = cfg.num_experts_per_tok, cfg.norm_topk_prob, e

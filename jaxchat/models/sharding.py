@@ -4,7 +4,9 @@ Contract: logical axes "heads", "kv_heads", "mlp" and "vocab" map to the mesh ax
 mesh has one and the dimension divides by its size; the "experts" axis of routed-expert params maps to
 the mesh axis 'ep' when the mesh has one, else to 'tp' (expert parallelism on the engine's 1-D mesh;
 the experts' "mlp" axis is then not split over 'tp' as well); anything else (and a non-dividing
-dimension) is replicated. The layer axis of stacked params is never sharded. The same specs serve 1 device
+dimension) is replicated. An int8 weight (`quant.Int8Weight`) gets the weight's spec for its values and for
+its scale, whose reduced (size 1) axes are replicated, so each device holds the scales of its own channels.
+The layer axis of stacked params is never sharded. The same specs serve 1 device
 (a mesh without 'tp', or tp = 1) and many. The KV cache [L, B, S, KV, D] shards KV heads over 'tp'
 and the batch over 'dp' when the mesh has such an axis.
 """
@@ -16,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.families import abstract_model, as_params, is_stacked
+from jaxchat.models.quant import Int8Weight
 
 TP_AXES = ("heads", "kv_heads", "mlp", "vocab")
 
@@ -82,6 +85,9 @@ def param_partition_specs(cfg: ModelConfig, params: dict, mesh) -> dict:
             return {k: walk(v, a[k]) for k, v in p.items()}
         if isinstance(p, tuple):  # a listed family's layers
             return tuple(walk(v, av) for v, av in zip(p, a, strict=True))
+        if isinstance(p, Int8Weight):  # the scale shards with its channels (its reduced axes do not divide)
+            return Int8Weight(spec_for(a, tuple(p.values.shape), mesh), spec_for(a, tuple(p.scale.shape), mesh),
+                              p.dtype)
         return spec_for(a, tuple(p.shape), mesh)
 
     return walk(params, axes)
