@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: every test, in two pytest runs. First all but the `serial` ones on 2 workers
 # (pytest-xdist; each test file stays on one worker, so module fixtures are built once), then the
-# `serial` ones (wall-time bounds, compile counts on a shared service, signals, kernels with the default
-# model; see tests/conftest.py) alone. Extra arguments go to both runs. Exits non-zero when a test fails
+# `serial` ones (wall-time bounds, compile counts on a shared service, signals; see
+# tests/conftest.py) alone. Extra arguments go to both runs. Exits non-zero when a test fails
 # or when neither run collected a test.
 # Usage: bash scripts/test.sh [pytest args...]
 set -uo pipefail

@@ -15,9 +15,9 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-# Tests that measure wall time, count compiles on a shared service, signal servers or start the default
-# model in kernels/servers: scripts/test.sh runs them alone after the rest, which it runs on 2 workers.
-SERIAL = ("tests/reliability/", "tests/server/", "tests/e2e/test_default_model_server.py", "tests/test_notebooks.py")
+# Tests that bound wall time, count compiles on a shared service or signal servers: scripts/test.sh runs
+# them alone after the rest, which it runs on 2 workers.
+SERIAL = ("tests/reliability/", "tests/server/")
 
 
 def pytest_collection_modifyitems(session, config, items):
