@@ -20,15 +20,26 @@ def pytest_terminal_summary(terminalreporter):
 SERIAL = ("tests/reliability/", "tests/server/")
 
 
+# The longest files first (each runs whole on one xdist worker): started last, one of them would run alone
+# at the end while the other worker idles.
+LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/models/test_real_weights.py",
+                 "tests/engine/test_real_model.py", "tests/test_notebooks.py", "tests/e2e/test_stream_agreement.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Mark the `serial` tests, then run the notebooks first: each starts a kernel (and one a server) with the
-    default model, and the pytest process is smallest at the start of the session, so the peak memory stays
-    well inside 24 GiB."""
+    """Mark the `serial` tests, then order the longest files first (the notebooks among them: each starts a
+    kernel, and one a server, with the default model while the pytest processes are still small, so the peak
+    memory stays well inside 24 GiB)."""
     import pytest
 
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-    first = [item for item in items if item.nodeid.startswith("tests/test_notebooks.py")]
-    rest = [item for item in items if not item.nodeid.startswith("tests/test_notebooks.py")]
-    items[:] = first + rest
+
+    def rank(item) -> int:
+        for i, prefix in enumerate(LONGEST_FIRST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each file and among the rest is kept

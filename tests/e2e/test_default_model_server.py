@@ -52,7 +52,7 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     jaxchat = shutil.which("jaxchat", path=str(Path(sys.executable).parent)) or "jaxchat"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([jaxchat, "serve", "--port", str(port), "--max-batch", "4", "--max-context", "2048"],
+        proc = subprocess.Popen([jaxchat, "serve", "--port", str(port), "--max-batch", "2", "--max-context", "1024"],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's jaxchat
     base = f"http://127.0.0.1:{port}"
