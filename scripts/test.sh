@@ -8,6 +8,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORKERS="${JAXCHAT_TEST_WORKERS:-2}"
+# One JAX persistent compilation cache for every test process and the servers and kernels they start: the
+# same programs (the default model's buckets, the tiny test models') are compiled once per run, not once
+# per process. Compile counters still count cache hits (jaxchat/engine/compiles.py).
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${JAXCHAT_CACHE:-$HOME/.cache/jaxchat}/jax-compilation-cache}"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0}"
+export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="${JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES:-0}"
 .venv/bin/python -m pytest -m "not serial" -n "$WORKERS" --dist loadfile "$@"
 parallel=$?
 .venv/bin/python -m pytest -m serial "$@"
