@@ -2,7 +2,8 @@
 
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
-OpenAI-compatible API; `jaxchat chat` is a terminal chat against a model or a server URL;
+OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
+`--no-compile-cache`) so the next start of the same model and shapes compiles nothing; `jaxchat chat` is a terminal chat against a model or a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint. `--quantize int8` (serve, chat, convert) loads int8
 weights (W8A8; convert stores the int8 values and scales). Bad arguments exit with a clear message.
 """
@@ -38,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("JAXCHAT_API_KEY"), help="require 'Authorization: Bearer KEY' (or set JAXCHAT_API_KEY)")
     serve.add_argument("--no-constrain", action="store_true", help="disable grammar-constrained decoding")
     serve.add_argument("--log-level", default="info")
+    cache = serve.add_mutually_exclusive_group()
+    cache.add_argument("--compile-cache", default=None, metavar="DIR",
+                       help="persistent XLA compilation cache (default: jax-compilation-cache under the asset cache)")
+    cache.add_argument("--no-compile-cache", action="store_true", help="compile every program at start, keep none")
     chat = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(chat)
     chat.add_argument("--url", default=None, help="talk to a running server instead of loading a model")
@@ -66,6 +71,12 @@ def _serve(args: argparse.Namespace) -> int:
     from jaxchat.server.run import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from jaxchat.engine.compile_cache import disable_compile_cache, enable_compile_cache
+
+    if args.no_compile_cache:
+        disable_compile_cache()
+    else:
+        logging.getLogger("jaxchat").info("Compilation cache: %s", enable_compile_cache(args.compile_cache))
     service = build_chat_service(args.model, max_batch=args.max_batch, max_context=args.max_context,
                                  dtype=args.dtype, constrained=not args.no_constrain, quantize=args.quantize)
     release_freed_memory()  # the loader's conversion buffers

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: every test, in two pytest runs. First all but the `serial` ones on 2 workers
-# (pytest-xdist; each test file stays on one worker, so module fixtures are built once), then the
+# (pytest-xdist; each test file stays on one worker, so module fixtures are built once; files are handed
+# out in the order tests/conftest.py sorts them, the longest first), then the
 # `serial` ones (wall-time bounds, compile counts on a shared service, signals; see
 # tests/conftest.py) alone. Extra arguments go to both runs. Exits non-zero when a test fails
 # or when neither run collected a test.
@@ -14,7 +15,7 @@ WORKERS="${JAXCHAT_TEST_WORKERS:-2}"
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${JAXCHAT_CACHE:-$HOME/.cache/jaxchat}/jax-compilation-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0}"
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="${JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES:-0}"
-.venv/bin/python -m pytest -m "not serial" -n "$WORKERS" --dist loadfile "$@"
+.venv/bin/python -m pytest -m "not serial" -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
 parallel=$?
 .venv/bin/python -m pytest -m serial "$@"
 alone=$?

@@ -20,10 +20,13 @@ def pytest_terminal_summary(terminalreporter):
 SERIAL = ("tests/reliability/", "tests/server/")
 
 
-# The longest files first (each runs whole on one xdist worker): started last, one of them would run alone
-# at the end while the other worker idles.
-LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/models/test_real_weights.py",
-                 "tests/engine/test_real_model.py", "tests/test_notebooks.py", "tests/e2e/test_stream_agreement.py")
+# The longest files first, longest to shortest as measured in CI (each runs whole on one xdist worker, and
+# scripts/test.sh keeps this order with --no-loadscope-reorder): started last, one of them would run alone at
+# the end while the other worker idles.
+LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/test_notebooks.py", "tests/models/test_parity.py",
+                 "tests/e2e/test_truncation.py", "tests/constrain/test_walk.py", "tests/models/test_real_weights.py",
+                 "tests/engine/test_real_model.py", "tests/models/test_hybrids.py", "tests/e2e/test_family_formats.py",
+                 "tests/models/test_int8.py", "tests/e2e/test_stream_agreement.py", "tests/engine/test_attention_spans.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

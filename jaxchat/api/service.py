@@ -273,6 +273,7 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
             "slots_total": s["max_batch"],
             "slots_busy": s["max_batch"] - s["free_slots"],
             "compiles": s["compile_count"],
+            "compile_cache_hits": s.get("compile_cache_hits", 0),
         }
 
 

@@ -4,6 +4,8 @@ Contract: `compile_count()` is the number of XLA backend compilations (of any ji
 in any thread) since this module was imported; `compiled_names()` lists the function names compiled, in
 order. It listens to JAX's `/jax/core/compile/backend_compile_duration` monitoring event, which JAX records
 around every backend compile (a persistent-cache hit still counts: it is a compile request at run time).
+`cache_hit_count()` is how many of them the persistent compilation cache answered (JAX's
+`/jax/compilation_cache/cache_hits` event): `compile_count() - cache_hit_count()` were compiled for real.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import threading
 from jax import monitoring
 
 _EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _lock = threading.Lock()
 _names: list[str] = []
+_cache_hits = [0]
 
 
 def _listener(event: str, duration_secs: float, **kwargs) -> None:
@@ -23,7 +27,14 @@ def _listener(event: str, duration_secs: float, **kwargs) -> None:
             _names.append(str(kwargs.get("fun_name", "?")))
 
 
+def _hit_listener(event: str, **kwargs) -> None:
+    if event == _CACHE_HIT:
+        with _lock:
+            _cache_hits[0] += 1
+
+
 monitoring.register_event_duration_secs_listener(_listener)
+monitoring.register_event_listener(_hit_listener)
 
 
 def compile_count() -> int:
@@ -34,3 +45,8 @@ def compile_count() -> int:
 def compiled_names(since: int = 0) -> list[str]:
     with _lock:
         return list(_names[since:])
+
+
+def cache_hit_count() -> int:
+    with _lock:
+        return _cache_hits[0]

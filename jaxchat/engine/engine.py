@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -32,7 +33,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxchat.engine.compiles import compile_count
+from jaxchat.engine.compiles import cache_hit_count, compile_count
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, mesh_platform, pow2_buckets
@@ -75,7 +76,7 @@ class Engine:
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step)
         if warmup:
-            self.runner.warmup()
+            self._warmup()
         self._compiles_at_ready = compile_count()
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self._cv = threading.Condition()
@@ -83,6 +84,22 @@ class Engine:
         self._thread: threading.Thread | None = None
         if start:
             self.start()
+
+    def _warmup(self) -> None:
+        """Compile (or load from the persistent compilation cache) every bucket's program, with a progress bar
+        and a log line of how many were compiled and how many loaded."""
+        from tqdm import tqdm
+
+        t0, compiles, hits = time.perf_counter(), compile_count(), cache_hit_count()
+        with tqdm(desc="compiling programs", unit="program", leave=False) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            self.runner.warmup(progress)
+        compiled, loaded = compile_count() - compiles, cache_hit_count() - hits
+        log.info("Warm-up: %d programs in %.1f s (%d compiled, %d loaded from the compilation cache)",
+                 compiled, time.perf_counter() - t0, compiled - loaded, loaded)
 
     @classmethod
     def from_path(cls, path: str | None = None, *, dtype: str = "auto", max_batch: int = 16,
@@ -189,4 +206,5 @@ class Engine:
             "generated_tokens": s.generated_tokens,
             "compile_count": total,
             "compiles_after_warmup": total - self._compiles_at_ready,
+            "compile_cache_hits": cache_hit_count(),
         }

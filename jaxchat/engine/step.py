@@ -14,8 +14,8 @@ Contract:
 - `prefill(slot, prompt_ids, bitmask[1, W], sampling[1])` pads the prompt to a length bucket, writes its
   K/V into `slot`, resets the slot's counts and prompt mask and samples the first token through the same
   masked sampler.  `move(src, dst)` copies one slot's rows (used to keep active slots compact).
-- Only bucket shapes are ever traced: `warmup()` compiles every bucket (with non-trivial masks and
-  sampling parameters); after it, no call compiles anything.  Sampling parameters are arrays.
+- Only bucket shapes are ever traced: `warmup()` compiles every bucket ahead of time (lowered for the exact
+  arguments a call passes, not run); after it, no call compiles anything.  Sampling parameters are arrays.
 - Attention spans: with `span_buckets` (and `StepModel.attention_spans`), each decode attends over
   the smallest span bucket above every row's position instead of all of max_context: one decode program
   per (batch bucket, span bucket).
@@ -232,14 +232,13 @@ class StepRunner:
                            mv(state.prompt_mask, 0))
 
     # ---- host entry points ----------------------------------------------------------------------
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
-        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
-        Attention reads the smallest span bucket above every row's position."""
+    def _decode_call(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays):
+        """(the decode program for these rows, its arguments): the smallest span above every row's position."""
         span = bucket_for(int(np.max(positions, initial=0)) + 1, self.span_buckets)
-        self.state, out = self._decodes[span](self.params, self.state, tokens, positions, bitmask, sp)
-        return SampleOut(*(np.asarray(x) for x in out))
+        return self._decodes[span], (self.params, self.state, tokens, positions, bitmask, sp)
 
-    def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
+    def _prefill_call(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays):
+        """(the prefill program, its arguments): the prompt padded to its length bucket."""
         n = len(prompt)
         if not 0 < n <= self.length_buckets[-1]:
             raise ValueError(f"prompt length {n} is outside 1..{self.length_buckets[-1]}")
@@ -248,31 +247,41 @@ class StepRunner:
         tokens[0, :n] = prompt
         positions = np.full((1, t), -1, np.int32)
         positions[0, :n] = np.arange(n, dtype=np.int32)
-        self.state, out = self._prefill(
-            self.params, self.state, np.int32(slot), tokens, positions, np.int32(n), bitmask, sp
-        )
+        return self._prefill, (self.params, self.state, np.int32(slot), tokens, positions, np.int32(n), bitmask, sp)
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
+        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
+        Attention reads the smallest span bucket above every row's position."""
+        program, args = self._decode_call(tokens, positions, bitmask, sp)
+        self.state, out = program(*args)
+        return SampleOut(*(np.asarray(x) for x in out))
+
+    def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
+        program, args = self._prefill_call(slot, prompt, bitmask, sp)
+        self.state, out = program(*args)
         return SampleOut(*(np.asarray(x) for x in out))
 
     def move(self, src: int, dst: int) -> None:
         self.state = self._move(self.state, np.int32(src), np.int32(dst))
 
-    def warmup(self, seed: int = 0) -> None:
-        """Compile every bucket with non-trivial masks and sampling parameters (touches no live slot data
-        that a later prefill does not overwrite: call it before serving)."""
-        rng = np.random.default_rng(seed)
+    def warmup(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Compile every bucket ahead of time: each program is lowered and compiled for exactly the arguments
+        `decode`/`prefill` pass it (jit then reuses the executable), not run, so warm-up costs compiles only
+        (or persistent-cache loads), not a forward over every prompt bucket. Touches no slot data.
+        `progress(done, total)` is called after each program."""
+        calls = []
         for b in self.batch_buckets:
-            sp = SamplingArrays.numpy(b)._replace(
-                temperature=np.full(b, 0.7, np.float32), top_k=np.full(b, 5, np.int32),
-                top_p=np.full(b, 0.9, np.float32), logprobs=np.ones(b, np.bool_),
-            )
-            mask = rng.integers(-(2**31), 2**31 - 1, size=(b, self.mask_words), dtype=np.int64).astype(np.int32)
-            mask[:, 0] |= 1
-            for span in self.span_buckets:  # idle rows (position -1) except row 0, just below the span
+            sp = SamplingArrays.numpy(b)
+            mask = np.zeros((b, self.mask_words), np.int32)
+            for span in self.span_buckets:
                 positions = np.full(b, -1, np.int32)
                 positions[0] = span - 1
-                self.decode(np.zeros(b, np.int32), positions, mask, sp)
-        sp1 = SamplingArrays.numpy(1)._replace(temperature=np.full(1, 0.5, np.float32))
-        mask1 = np.full((1, self.mask_words), -1, np.int32)
+                calls.append(self._decode_call(np.zeros(b, np.int32), positions, mask, sp))
+        sp1, mask1 = SamplingArrays.numpy(1), np.zeros((1, self.mask_words), np.int32)
         for t in self.length_buckets:
-            self.prefill(0, [0] * min(t, self.max_context - 1), mask1, sp1)
-        self.move(0, 0)
+            calls.append(self._prefill_call(0, [0] * min(t, self.max_context - 1), mask1, sp1))
+        calls.append((self._move, (self.state, np.int32(0), np.int32(0))))
+        for i, (program, args) in enumerate(calls):
+            program.lower(*args).compile()
+            if progress is not None:
+                progress(i + 1, len(calls))

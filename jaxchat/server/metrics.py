@@ -11,7 +11,8 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
   `request_duration_seconds{route}`: arrival to the end of the response;
 * `stream_disconnects_total`: streams the client left early; `streams_active`: open SSE streams;
 * gauges from `service.stats()`: `requests_running`, `requests_waiting`, `batch_slots_total`,
-  `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles`, plus `service_<key>` for any
+  `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles` (XLA compiles in the process, persistent-cache
+  loads included), `compile_cache_hits` (those the persistent compilation cache answered), plus `service_<key>` for any
   other numeric entry.
 """
 
@@ -36,6 +37,7 @@ _KNOWN_STATS = {
     "slots_total": "batch_slots_total",
     "slots_busy": "batch_slots_busy",
     "compiles": "compiles",
+    "compile_cache_hits": "compile_cache_hits",
 }
 
 

@@ -1,0 +1,89 @@
+"""A warm start compiles nothing: `jaxchat serve` started twice with a tiny model on one `--compile-cache`
+directory compiles its programs the first time and loads every one of them from that cache the second time.
+
+Each start runs as a subprocess until /health answers; its `/metrics` gives the XLA compiles of the whole
+process (`jaxchat_compiles`, cache loads included) and the persistent-cache hits among them
+(`jaxchat_compile_cache_hits`). `--no-compile-cache` writes nothing, even when the environment names a cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_model import tiny_chat_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: Path | None = None) -> dict[str, float]:
+    """Start `jaxchat serve` on `model` (with JAX_COMPILATION_CACHE_DIR=`env_cache`, or unset), wait for /health,
+    read /metrics, stop it with SIGTERM."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    if env_cache is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(env_cache)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "jaxchat.cli", "serve", "--model", str(model), "--port", str(port),
+                                 "--max-batch", "2", "--max-context", "128", *cache_args],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.time() < deadline, "server not healthy in 300 s"
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits) (\S+)$", text, re.M)}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    try:
+        return tiny_chat_model(tmp_path_factory.mktemp("model"))
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"default model's tokenizer not fetched: {exc}")
+
+
+def test_second_start_on_one_cache_compiles_nothing(model, tmp_path):
+    cache = tmp_path / "xla-cache"
+    cold = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "cold.log")
+    assert cold["compiles"] > 0 and cold["compile_cache_hits"] == 0, cold
+    assert any(cache.iterdir())
+    warm = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "warm.log")
+    assert warm["compiles"] >= cold["compiles"] * 0.9, (cold, warm)  # the same programs were asked for ...
+    assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and every one came from the cache
+    assert "0 compiled" in (tmp_path / "warm.log").read_text()
+
+
+def test_no_compile_cache_writes_nothing(model, tmp_path):
+    cache = tmp_path / "env-cache"
+    metrics = start_and_read_metrics(model, "--no-compile-cache", log=tmp_path / "off.log", env_cache=cache)
+    assert metrics["compiles"] > 0 and metrics["compile_cache_hits"] == 0
+    assert not cache.exists() or not any(cache.iterdir())
