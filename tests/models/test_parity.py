@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,9 @@ from jaxchat.models import empty_cache, load_model
 from .conftest import FAMILIES, build_tiny
 
 TOL = 1e-4
+# The programs here are tiny and run a few times each: compiling them at XLA's lowest backend optimisation
+# level halves the compile time that dominates this file (the ops, and so the parity checked, are the same).
+jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 
 
 def reference_logits(model, ids: np.ndarray) -> np.ndarray:
@@ -32,7 +37,7 @@ def test_full_forward_and_incremental_match_transformers(family, tiny_dirs, load
     assert lm.config.family == family
     ids = np.random.default_rng(1).integers(0, 256, (1, 32))
     ref = reference_logits(ref_model, ids)
-    fwd = jax.jit(lm.forward)
+    fwd = jit(lm.forward)
     toks = jnp.asarray(ids, jnp.int32)
     pos = jnp.arange(32, dtype=jnp.int32)[None]
     ck, cv = empty_cache(lm.config, 1, 40, jnp.float32)
@@ -63,7 +68,7 @@ def test_batch_rows_with_padding_are_independent(family, tiny_dirs, loaded):
     ck, cv = empty_cache(lm.config, 2, 24, jnp.float32)
     # stale garbage must never be attended to (nor, for lfm2, be a row's conv state: both rows start at 0)
     ck, cv = jax.tree.map(lambda a: a + 7.0, ck), jax.tree.map(lambda a: a - 3.0, cv)
-    logits, ck, cv = jax.jit(lm.forward)(lm.params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
+    logits, ck, cv = jit(lm.forward)(lm.params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
     logits = np.asarray(logits)
     assert np.abs(logits[0, :13] - reference_logits(ref_model, a[None])[0]).max() <= TOL
     assert np.abs(logits[1, 3:12] - reference_logits(ref_model, b[None])[0]).max() <= TOL
@@ -104,7 +109,7 @@ def test_vocab_major_head_matches_transformers(family, tiny_dirs, loaded):
     assert head.shape == (c.vocab_size, c.hidden_size)
     ids = np.random.default_rng(3).integers(0, 256, (3, 12))
     ck, cv = empty_cache(c, 3, 16, jnp.float32)
-    fwd = jax.jit(lambda p, h, t, pos, k, v: lm.forward(p, t, pos, k, v, head_vd=h))
+    fwd = jit(lambda p, h, t, pos, k, v: lm.forward(p, t, pos, k, v, head_vd=h))
     pos = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (3, 12))
     logits, _, _ = fwd(lm.params, head, jnp.asarray(ids, jnp.int32), pos, ck, cv)
     assert np.abs(np.asarray(logits) - reference_logits(ref_model, ids)).max() <= TOL
@@ -136,7 +141,7 @@ def test_chunked_layer_cache_with_spans_matches_transformers(family, tiny_dirs, 
     pos = -np.ones((2, 16), np.int32)
     for r, n in enumerate(lens):
         toks[r, :n], pos[r, :n] = seqs[r][:n], np.arange(n)
-    fwd = jax.jit(step.forward, static_argnames="attend_len")
+    fwd = jit(step.forward, static_argnames="attend_len")
     logits, ck, cv = fwd(params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
     got = [[np.asarray(logits)[r, n - 1]] for r, n in enumerate(lens)]
     steps = min(len(s) - n for s, n in zip(seqs, lens, strict=True))
@@ -183,7 +188,7 @@ def test_routed_experts_grouped_path_matches_transformers(family, tiny_dirs, loa
     assert ids.size * lm.config.num_experts_per_tok > moe.SCAN_MAX_ROWS
     ck, cv = empty_cache(lm.config, 3, 32, jnp.float32)
     pos = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (3, 32))
-    logits, _, _ = jax.jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, ck, cv)
+    logits, _, _ = jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, ck, cv)
     assert np.abs(np.asarray(logits) - reference_logits(ref_model, ids)).max() <= TOL
 def test_gemma4_logits_index_keeps_one_position_through_kv_shared_layers(tiny_dirs, loaded):
     """With `logits_index` the KV-shared layers (which write no cache) run on the wanted position only, as
@@ -192,7 +197,7 @@ def test_gemma4_logits_index_keeps_one_position_through_kv_shared_layers(tiny_di
     rng = np.random.default_rng(6)
     toks = jnp.asarray(rng.integers(0, 256, (2, 16)), jnp.int32)
     pos = jnp.asarray(np.stack([np.arange(16), np.r_[np.arange(11), -np.ones(5)]]).astype(np.int32))
-    fwd = jax.jit(lm.forward)
+    fwd = jit(lm.forward)
     full, *cache = fwd(lm.params, toks, pos, *empty_cache(lm.config, 2, 24, jnp.float32))
     kept, *kept_cache = fwd(lm.params, toks, pos, *empty_cache(lm.config, 2, 24, jnp.float32),
                             logits_index=jnp.asarray([15, 10], jnp.int32))
