@@ -77,3 +77,29 @@ def test_convert_writes_an_orbax_checkpoint_with_identical_logits(tmp_path):
     out = [m.forward(m.params, tokens, positions, *empty_cache(m.config, 1, 16))[0] for m in (a, b)]
     np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(out[1]))
     assert b.chat_template == a.chat_template
+
+
+def test_convert_quantize_int8_stores_int8_weights_and_serve_chat_accept_the_flag(tmp_path, capsys):
+    """`jaxchat convert --quantize int8` writes a checkpoint whose weights load as int8 (values and scales, the
+    logits of quantising at load); serve and chat parse the flag; an unknown scheme is a clear usage error."""
+    import jax
+    import numpy as np
+
+    from jaxchat.models import empty_cache, load_model
+    from jaxchat.models.quant import Int8Weight
+    from tests.engine.test_real_model import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "hf")
+    assert main(["convert", str(src), str(tmp_path / "int8"), "--quantize", "int8"]) == 0
+    stored, at_load = load_model(tmp_path / "int8"), load_model(src, quantize="int8")
+    assert stored.quantize == "int8"
+    assert any(isinstance(x, Int8Weight) for x in jax.tree.leaves(stored.params, is_leaf=lambda x: isinstance(x, Int8Weight)))
+    tokens = np.array([[1, 2, 3, 4]], np.int32)
+    positions = np.arange(4, dtype=np.int32)[None]
+    out = [m.forward(m.params, tokens, positions, *empty_cache(m.config, 1, 16))[0] for m in (stored, at_load)]
+    np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(out[1]))
+    for command in ("serve", "chat"):
+        assert _parser().parse_args([command, "--quantize", "int8"]).quantize == "int8"
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--quantize", "int4"])
+    assert exc.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
