@@ -1,0 +1,87 @@
+"""Start-up benchmark: `jaxchat serve` from launch to a ready /health, cold (an empty compilation cache) vs
+warm (the cache the cold start filled), side by side in one run, with the ratio warm / cold.
+
+Each start is a subprocess on a free 127.0.0.1 port with its own `--compile-cache` directory (a fresh
+temporary one for the cold start, the same one again for the warm start). Each start's own log line
+"Warm-up: N programs in S s (C compiled, L loaded ...)" is shown next to its time, so the share of the
+start that is compiling is visible. `--runs K` repeats the cold/warm pair K times on fresh caches.
+
+    python bench/startup.py [--model PATH] [--max-batch 8] [--max-context 4096] [--runs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def time_to_ready(args: argparse.Namespace, cache: Path, log: Path) -> tuple[float, str]:
+    """Seconds from launching `jaxchat serve` to /health answering 200, and its warm-up log line."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "jaxchat.cli", "serve", "--port", str(port), "--max-batch", str(args.max_batch),
+           "--max-context", str(args.max_context), "--compile-cache", str(cache)]
+    if args.model:
+        cmd += ["--model", args.model]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        seconds = time.perf_counter() - t0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    found = re.search(r"Warm-up: .*", log.read_text())
+    return seconds, found.group(0) if found else "(no warm-up line)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="default: the default model asset")
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-context", type=int, default=4096)
+    ap.add_argument("--runs", type=int, default=1)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="jaxchat-startup-"))
+    try:
+        for run in range(args.runs):
+            cache = work / f"cache-{run}"
+            cold, cold_line = time_to_ready(args, cache, work / f"cold-{run}.log")
+            warm, warm_line = time_to_ready(args, cache, work / f"warm-{run}.log")
+            print(f"run {run + 1}: cold {cold:6.1f} s  [{cold_line}]")
+            print(f"run {run + 1}: warm {warm:6.1f} s  [{warm_line}]")
+            print(f"run {run + 1}: warm / cold = {warm / cold:.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
