@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.serve_process import start_serve, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -34,12 +32,6 @@ WEATHER = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     try:
@@ -48,31 +40,11 @@ def server(tmp_path_factory):
         asset_path(DEFAULT_MODEL)
     except Exception as exc:
         pytest.skip(f"default model not fetched: {exc}")
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    jaxchat = shutil.which("jaxchat", path=str(Path(sys.executable).parent)) or "jaxchat"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([jaxchat, "serve", "--port", str(port), "--max-batch", "2", "--max-context", "1024"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's jaxchat
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(2)
-    else:
-        proc.kill()
-        pytest.fail("server did not become healthy in 900 s")
+    jaxchat = shutil.which("jaxchat", path=str(Path(sys.executable).parent)) or "jaxchat"  # the README's command
+    proc, base = start_serve(["--max-batch", "2", "--max-context", "1024"], log_path, command=[jaxchat])
     yield base, proc, log_path
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+    stop(proc)
 
 
 def test_log_names_detected_format(server):
@@ -270,5 +242,4 @@ def test_anthropic_sdk_against_real_model(server):
 
 def test_sigterm_exits_cleanly(server):
     _, proc, log_path = server
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+    assert stop(proc) == 0, log_path.read_text()[-3000:]

@@ -10,56 +10,29 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.serve_process import start_serve, stop
 from tests.tiny_model import tiny_chat_model
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: Path | None = None) -> dict[str, float]:
     """Start `jaxchat serve` on `model` (with JAX_COMPILATION_CACHE_DIR=`env_cache`, or unset), wait for /health,
     read /metrics, stop it with SIGTERM."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if env_cache is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = str(env_cache)
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "jaxchat.cli", "serve", "--model", str(model), "--port", str(port),
-                                 "--max-batch", "2", "--max-context", "128", *cache_args],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_serve(["--model", str(model), "--max-batch", "2", "--max-context", "128", *cache_args], log,
+                             env=env, timeout=300)
     try:
-        deadline = time.time() + 300
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.time() < deadline, "server not healthy in 300 s"
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
             text = r.read().decode()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop(proc, timeout=60)
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits) (\S+)$", text, re.M)}
 
 
