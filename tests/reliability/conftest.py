@@ -87,6 +87,7 @@ class ServeProcess:
 _SERVE: list[ServeProcess] = []
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: a run without the SIGTERM test starts no server
 def pytest_collection_modifyitems(session, config, items) -> None:
     if any("serve_process" in getattr(item, "fixturenames", ()) for item in items):
         _SERVE.append(ServeProcess(tiny_checkpoint()))
