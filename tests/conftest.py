@@ -22,8 +22,9 @@ SERIAL = ("tests/reliability/", "tests/server/")
 
 # The longest files first, longest to shortest as measured in CI (each runs whole on one xdist worker, and
 # scripts/test.sh keeps this order with --no-loadscope-reorder): started last, one of them would run alone at
-# the end while the other worker idles.
-LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/test_notebooks.py", "tests/models/test_parity.py",
+# the end while the other worker idles. The notebooks come after the parity file, so that the default-model
+# server (same shapes) has compiled their programs into the shared compilation cache by the time they start.
+LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/models/test_parity.py", "tests/test_notebooks.py",
                  "tests/e2e/test_truncation.py", "tests/constrain/test_walk.py", "tests/models/test_real_weights.py",
                  "tests/engine/test_real_model.py", "tests/models/test_hybrids.py", "tests/e2e/test_family_formats.py",
                  "tests/models/test_int8.py", "tests/e2e/test_stream_agreement.py", "tests/engine/test_attention_spans.py")
@@ -31,8 +32,8 @@ LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/test_notebooks
 
 def pytest_collection_modifyitems(session, config, items):
     """Mark the `serial` tests, then order the longest files first (the notebooks among them: each starts a
-    kernel, and one a server, with the default model while the pytest processes are still small, so the peak
-    memory stays well inside 24 GiB)."""
+    kernel, and one a server, with the default model while the pytest processes are still small; measured peak
+    well inside 24 GiB)."""
     import pytest
 
     for item in items:

@@ -103,3 +103,52 @@ def test_convert_quantize_int8_stores_int8_weights_and_serve_chat_accept_the_fla
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--quantize", "int4"])
     assert exc.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, enabled", [([], True), (["--compile-cache", "DIR"], True), (["--no-compile-cache"], False)])
+def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
+    """`serve` turns JAX's persistent compilation cache on (under the asset cache, or `--compile-cache DIR`)
+    before the model loads, or off with `--no-compile-cache` even when the environment names a cache; the two
+    flags exclude each other. (A real warm start is tests/e2e/test_warm_start.py.)"""
+    import jax
+
+    import jaxchat.api
+    import jaxchat.engine.host_memory as host_memory
+    import jaxchat.server.run
+
+    seen = {}
+
+    class Service:
+        model_id = "stub"
+
+        def close(self):
+            seen["closed"] = True
+
+    def build(*args, **kwargs):
+        seen["enabled"] = jax.config.jax_enable_compilation_cache
+        seen["dir"] = jax.config.jax_compilation_cache_dir
+        return Service()
+
+    monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path / "assets"))
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env-cache"))
+    monkeypatch.setattr(jaxchat.api, "build_chat_service", build)
+    monkeypatch.setattr(jaxchat.server.run, "serve", lambda *a, **k: None)
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: False)
+    monkeypatch.setattr(host_memory, "release_freed_memory", lambda: None)
+    saved = (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir,
+             jax.config.jax_persistent_cache_min_compile_time_secs, jax.config.jax_persistent_cache_min_entry_size_bytes)
+    try:
+        flags = [str(tmp_path / "explicit") if f == "DIR" else f for f in flags]
+        assert main(["serve", *flags]) == 0
+    finally:
+        for name, value in zip(("jax_enable_compilation_cache", "jax_compilation_cache_dir",
+                                "jax_persistent_cache_min_compile_time_secs",
+                                "jax_persistent_cache_min_entry_size_bytes"), saved, strict=True):
+            jax.config.update(name, value)
+    assert seen["enabled"] is enabled and seen["closed"]
+    if enabled:
+        expected = tmp_path / ("explicit" if flags else "env-cache")  # the environment's directory is kept
+        assert seen["dir"] == str(expected) and expected.is_dir()
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--compile-cache", "x", "--no-compile-cache"])
+    assert exc.value.code == 2

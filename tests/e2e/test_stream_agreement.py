@@ -27,9 +27,12 @@ BOUNDED = [{"type": "function", "function": {"name": "get_weather", "parameters"
 def services(tmp_path_factory):
     from jaxchat.api import build_chat_service
 
+    # One decode and one prefill program, the shapes test_truncation's services use: with the run's shared
+    # compilation cache, whichever file builds them first compiles them and the other loads them.
+    shapes = {"max_batch": 8, "max_context": 512, "batch_buckets": (8,), "span_buckets": (512,), "length_buckets": (512,)}
     made = {
-        "qwen25": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwen25")), max_batch=4, max_context=512),
-        "qwq": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwq"), "Qwen-QwQ-32B.jinja"), max_batch=4, max_context=512),
+        "qwen25": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwen25")), **shapes),
+        "qwq": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwq"), "Qwen-QwQ-32B.jinja"), **shapes),
     }
     yield made
     for service in made.values():

@@ -3,7 +3,7 @@
 For every format (a tiny random Qwen2 with the format's real template, its markers added to the
 vocabulary as single tokens, so the grammar forces the format) and every tool_choice mode, a greedy
 request (thinking off: a random model would think forever) is run once to its end, then again with
-each `max_tokens` from 1 to 16 and every third one after up to the length of that full output, its last
+each `max_tokens` from 1 to 12 and every fourth one after up to the length of that full output, its last
 four included (up to its first `AUTO_CUTS` tokens when "auto" wrote text instead of a call), streamed and not: the deltas joined must equal the non-streamed message, the finish reasons
 must agree, `content` must never hold the format's call markup (nor a piece of its opener at the end),
 and under "required" / named it must be null.
@@ -56,12 +56,12 @@ MODES = {
 }
 FULL_TOKENS = 64
 AUTO_CUTS = 24  # under "auto" a random model may write text instead of a call: cut its first tokens only
-EVERY_CUT_UP_TO = 16  # every cut up to here (the opener, the name, the first argument), then every 3rd and the last 4
+EVERY_CUT_UP_TO = 12  # every cut up to here (the opener, the name, the first argument), then every 4th and the last 4
 
 
 def cut_points(length: int) -> list[int]:
     """The max_tokens values tried for an output of `length` tokens (CI time: a cut costs a prefill)."""
-    return sorted({*range(1, min(length, EVERY_CUT_UP_TO) + 1), *range(EVERY_CUT_UP_TO, length + 1, 3),
+    return sorted({*range(1, min(length, EVERY_CUT_UP_TO) + 1), *range(EVERY_CUT_UP_TO, length + 1, 4),
                    *range(max(1, length - 3), length + 1)})
 
 

@@ -163,7 +163,9 @@ def test_smollm2_gguf_batch_isolation():
     text = model.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
                                                add_generation_prompt=True, tokenize=False)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
-    engine = Engine(model, max_batch=4, max_context=128, start=False, length_buckets=(64, 128))
+    # alone in the 1-row program, joined by 3 others in the 4-row one (CI time: 5 programs, not 9)
+    engine = Engine(model, max_batch=4, max_context=128, start=False, length_buckets=(64, 128), batch_buckets=(1, 4),
+                    span_buckets=(128,))
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone
