@@ -3,7 +3,8 @@
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
 OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
-`--no-compile-cache`) so the next start of the same model and shapes compiles nothing; `jaxchat chat` is a terminal chat against a model or a server URL;
+`--no-compile-cache`) so the next start of the same model and shapes compiles nothing, and reusing the K/V of a
+prompt's prefix that an idle slot still holds (`--no-prefix-cache` turns that off); `jaxchat chat` is a terminal chat against a model or a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint. `--quantize int8` (serve, chat, convert) loads int8
 weights (W8A8; convert stores the int8 values and scales). Bad arguments exit with a clear message.
 """
@@ -38,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=os.environ.get("JAXCHAT_API_KEY"), help="require 'Authorization: Bearer KEY' (or set JAXCHAT_API_KEY)")
     serve.add_argument("--no-constrain", action="store_true", help="disable grammar-constrained decoding")
+    serve.add_argument("--no-prefix-cache", action="store_true",
+                       help="prefill every prompt whole (default: reuse the K/V an idle slot holds of the prompt's prefix)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -78,7 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         logging.getLogger("jaxchat").info("Compilation cache: %s", enable_compile_cache(args.compile_cache))
     service = build_chat_service(args.model, max_batch=args.max_batch, max_context=args.max_context,
-                                 dtype=args.dtype, constrained=not args.no_constrain, quantize=args.quantize)
+                                 dtype=args.dtype, constrained=not args.no_constrain, quantize=args.quantize,
+                                 prefix_cache=not args.no_prefix_cache)
     release_freed_memory()  # the loader's conversion buffers
     logging.getLogger("jaxchat").info("Serving %s on http://%s:%d/v1", service.model_id, args.host, args.port)
     try:

@@ -105,11 +105,13 @@ def test_convert_quantize_int8_stores_int8_weights_and_serve_chat_accept_the_fla
     assert exc.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, enabled", [([], True), (["--compile-cache", "DIR"], True), (["--no-compile-cache"], False)])
+@pytest.mark.parametrize("flags, enabled", [([], True), (["--compile-cache", "DIR"], True), (["--no-compile-cache"], False),
+                                            (["--no-prefix-cache"], True)])
 def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
     """`serve` turns JAX's persistent compilation cache on (under the asset cache, or `--compile-cache DIR`)
     before the model loads, or off with `--no-compile-cache` even when the environment names a cache; the two
-    flags exclude each other. (A real warm start is tests/e2e/test_warm_start.py.)"""
+    flags exclude each other. (A real warm start is tests/e2e/test_warm_start.py.) The engine's prefix cache
+    is on unless `--no-prefix-cache`."""
     import jax
 
     import jaxchat.api
@@ -127,6 +129,7 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
     def build(*args, **kwargs):
         seen["enabled"] = jax.config.jax_enable_compilation_cache
         seen["dir"] = jax.config.jax_compilation_cache_dir
+        seen["prefix_cache"] = kwargs["prefix_cache"]
         return Service()
 
     monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path / "assets"))
@@ -146,8 +149,9 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
                                 "jax_persistent_cache_min_entry_size_bytes"), saved, strict=True):
             jax.config.update(name, value)
     assert seen["enabled"] is enabled and seen["closed"]
+    assert seen["prefix_cache"] is ("--no-prefix-cache" not in flags)
     if enabled:
-        expected = tmp_path / ("explicit" if flags else "env-cache")  # the environment's directory is kept
+        expected = tmp_path / ("explicit" if "--compile-cache" in flags else "env-cache")  # the environment's directory is kept
         assert seen["dir"] == str(expected) and expected.is_dir()
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--compile-cache", "x", "--no-compile-cache"])

@@ -42,6 +42,7 @@ class ChoiceUpdate:
     reasoning_tokens: int = 0  # tokens of the message's reasoning, on the last update
     failed: bool = False
     stop_reason: str | int | None = None  # the stop string or token id that ended it, on the last update
+    cached_tokens: int = 0  # prompt tokens reused from the engine's prefix cache, on the last update
 
 
 class ChatRun:
@@ -88,7 +89,7 @@ class ChatRun:
                 msg = parser.parsed
                 yield ChoiceUpdate(index, deltas, out.logprobs, True, cut_finish_reason(msg, out.finish_reason, cut),
                                    msg, out.num_generated_tokens, svc._count_tokens(msg.reasoning_content),
-                                   stop_reason=out.stop_reason)
+                                   stop_reason=out.stop_reason, cached_tokens=out.num_cached_tokens)
         finally:
             self.cancel()
 

@@ -74,6 +74,7 @@ class Generated:
     logprobs: list | None
     num_tokens: int  # generated tokens, counting any whose text a stop string cut
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    cached_tokens: int = 0  # prompt tokens reused from the engine's prefix cache
 
 
 class ChatService(TextCompletions, ResponsesApi, MessagesApi):
@@ -170,8 +171,9 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
         ]
 
     async def _collect(self, request: GenerationRequest) -> Generated:
-        parts, tokens, finish, logprobs, n_tokens, stop_reason = [], [], None, None, 0, None
+        parts, tokens, finish, logprobs, n_tokens, stop_reason, cached = [], [], None, None, 0, None, 0
         async for out in self.engine.generate(request):
+            cached = out.num_cached_tokens
             parts.append(out.text)
             tokens.extend(out.token_ids)
             n_tokens = out.num_generated_tokens or n_tokens + len(out.token_ids)
@@ -181,7 +183,7 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
                 finish, stop_reason = out.finish_reason, out.stop_reason
                 if finish == "error":
                     raise RuntimeError(f"generation failed: {out.error}")  # logged by the server, never sent
-        return Generated("".join(parts), tokens, finish, logprobs, n_tokens, stop_reason)
+        return Generated("".join(parts), tokens, finish, logprobs, n_tokens, stop_reason, cached)
 
     def _was_cut(self, request: ChatRequest, prepared: PreparedChat, finish: str | None, stop_reason) -> bool:
         """Whether to read the output as cut (`jaxchat.api.cut`): only when tool calls are parsed, so a
@@ -214,13 +216,14 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
 
     async def chat_completion(self, request: ChatRequest) -> dict:
         prepared, results = await self.complete_chat(request)
-        choices, completion_tokens, reasoning_tokens = [], 0, 0
+        choices, completion_tokens, reasoning_tokens, cached_tokens = [], 0, 0, 0
         for index, (msg, finish, result) in enumerate(results):
             completion_tokens += result.num_tokens
+            cached_tokens = max(cached_tokens, result.cached_tokens)
             reasoning_tokens += self._count_tokens(msg.reasoning_content)
             choices.append(shapes.chat_choice(index, msg, finish, shapes.logprobs_json(self.tokenizer, result.logprobs),
                                               calls_only=_calls_only(prepared)))
-        usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens)
+        usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens, cached_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), self.model_id, choices, usage)
 
     def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
@@ -229,7 +232,7 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
     async def _chat_chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
         run = ChatRun(self, request)  # raises before the first chunk
         factory = shapes.ChunkFactory(self.model_id, request.include_usage)
-        completion_tokens, reasoning_tokens = 0, 0
+        completion_tokens, reasoning_tokens, cached_tokens = 0, 0, 0
         try:
             for index in range(len(run.parsers)):
                 yield factory.delta(index, {"role": "assistant", "content": None if run.calls_only else ""})
@@ -244,8 +247,9 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
                 if update.finished:
                     completion_tokens += update.num_tokens
                     reasoning_tokens += update.reasoning_tokens
+                    cached_tokens = max(cached_tokens, update.cached_tokens)
                     yield factory.delta(update.index, {}, update.finish_reason)
-            stream.usage = shapes.usage(run.prompt_tokens, completion_tokens, reasoning_tokens)
+            stream.usage = shapes.usage(run.prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens)
             if request.include_usage:
                 yield factory.usage_chunk(stream.usage)
         finally:
@@ -274,6 +278,7 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
             "slots_busy": s["max_batch"] - s["free_slots"],
             "compiles": s["compile_count"],
             "compile_cache_hits": s.get("compile_cache_hits", 0),
+            "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
         }
 
 

@@ -13,8 +13,11 @@ Contract:
   the loop early (break, cancellation) aborts the request.
 - `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
   `engine.abort(request_id)` frees the request's slot at the next step ("abort").
+- `prefix_cache=True`: a request whose prompt starts with tokens an idle slot still holds (a finished
+  turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
+  layers, every prompt is prefilled whole. Greedy outputs are the same either way.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
-  compile_count, compiles_after_warmup) for /metrics; `engine.shutdown()` stops the thread (idempotent).
+  prefix_cache_hit_tokens, compile_count, compiles_after_warmup, compile_cache_hits) for /metrics; `engine.shutdown()` stops the thread (idempotent).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Engine:
         span_buckets: Sequence[int] | None = None,
         min_prefill_bucket: int = 16,
         max_prefills_per_step: int = 4,
+        prefix_cache: bool = True,
         warmup: bool = True,
         start: bool = True,
     ) -> None:
@@ -73,6 +77,7 @@ class Engine:
             batch_buckets or pow2_buckets(1, max_batch),
             length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
             span_buckets or default_span_buckets(max_context),
+            keep_prefixes=prefix_cache,
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step)
         if warmup:
@@ -204,6 +209,7 @@ class Engine:
             "max_context": self.runner.max_context,
             "steps": s.steps,
             "generated_tokens": s.generated_tokens,
+            "prefix_cache_hit_tokens": s.prefix_hit_tokens,
             "compile_count": total,
             "compiles_after_warmup": total - self._compiles_at_ready,
             "compile_cache_hits": cache_hit_count(),

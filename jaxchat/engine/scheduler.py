@@ -12,6 +12,10 @@ Contract:
   `constraint.is_terminated()`, the context filling up -> "length").  A stop token's text is not emitted.
 - An exception raised while handling one request (constraint, detokeniser, invalid prompt) ends that
   request with finish_reason "error" and `error` set; the other requests continue.
+- Prefix reuse (when `runner.keep_prefixes`): a finished request's row keeps its K/V and is recorded in a
+  `ResidentPrefixes`; rows are swapped, not overwritten, when compacting. A new request takes the idle row
+  sharing the longest prefix with its prompt (swapped into place) and prefills only the rest. The reused
+  count is reported as `num_cached_tokens` on every output and summed in `prefix_hit_tokens`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxchat.engine.prefix_cache import ResidentPrefixes
 from jaxchat.engine.sampler import SampleOut, SamplingArrays
 from jaxchat.engine.step import StepRunner, bucket_for
 from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -42,6 +47,8 @@ class _Seq:
     stops: StopStringMatcher | None = None
     slot: int = -1
     pos: int = 0  # cache position the next input token is written at
+    written: int = 0  # tokens (prompt, then fed-back outputs) whose K/V the row holds
+    cached: int = 0  # prompt tokens reused from an idle row's prefix
     generated: int = 0
     finished: bool = False
     out_ids: list[int] = field(default_factory=list)
@@ -67,6 +74,8 @@ class Scheduler:
         self._lock = threading.Lock()
         self.steps = 0
         self.generated_tokens = 0
+        self.prefix_hit_tokens = 0
+        self.prefixes = ResidentPrefixes(b) if runner.keep_prefixes else None
 
     # ---- thread-safe entry points -----------------------------------------------------------------
     def submit(self, request: GenerationRequest, emit: Emit) -> None:
@@ -141,10 +150,26 @@ class Scheduler:
         seq.slot, seq.pos = slot, n
         self.slots[slot] = seq
         self.n_active += 1
+        start = self._take_prefix(slot, req.prompt_ids)
+        seq.cached = start
+        self.prefix_hit_tokens += start
         sp1 = SamplingArrays(*(a[slot : slot + 1] for a in self.sp))
-        out = r.prefill(slot, req.prompt_ids, self.bitmask[slot : slot + 1], sp1)
+        out = r.prefill(slot, req.prompt_ids, self.bitmask[slot : slot + 1], sp1, start)
+        seq.written = n
         self._on_token(seq, out, 0)
         self._compact()
+
+    def _take_prefix(self, slot: int, prompt: list[int]) -> int:
+        """Bring the idle row holding the longest prefix of `prompt` into `slot` (a swap, so the row there
+        keeps its own); returns how many prompt tokens it holds (0: prefill everything)."""
+        if self.prefixes is None:
+            return 0
+        row, n = self.prefixes.best(prompt, range(slot, len(self.slots)))
+        if row > slot:
+            self.runner.swap(row, slot)
+            self.prefixes.swapped(row, slot)
+        self.prefixes.forget(slot)
+        return n
 
     def _set_sampling(self, slot: int, req: GenerationRequest) -> None:
         s, sp = req.sampling, self.sp
@@ -167,6 +192,7 @@ class Scheduler:
         for i in range(self.n_active):
             seq = self.slots[i]
             if seq is not None and not seq.finished:
+                seq.written = int(self.positions[i]) + 1
                 self._on_token(seq, out, i)
         self._compact()
 
@@ -191,7 +217,8 @@ class Scheduler:
             self._finish(seq, reason, stop_reason=stop_reason, text=text, token_ids=[tok], logprobs=lps)
             return
         seq.emit(GenerationOutput(seq.req.request_id, [tok], text, logprobs=lps,
-                                  num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated))
+                                  num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated,
+                                  num_cached_tokens=seq.cached))
         slot = seq.slot
         self.tokens[slot] = tok
         self.positions[slot] = seq.pos
@@ -233,11 +260,14 @@ class Scheduler:
             seq.emit(GenerationOutput(
                 seq.req.request_id, token_ids or [], text, finished=True, finish_reason=reason,
                 stop_reason=stop_reason, error=error, logprobs=logprobs,
-                num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated))
+                num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated,
+                num_cached_tokens=seq.cached))
         finally:
             if seq.slot >= 0:
                 self.positions[seq.slot] = -1
                 self.bitmask[seq.slot].fill(-1)
+                if self.prefixes is not None:  # the row keeps what was written: the prompt and fed-back outputs
+                    self.prefixes.record(seq.slot, (seq.req.prompt_ids + seq.out_ids)[: seq.written])
 
     def _compact(self) -> None:
         """Drop finished rows, moving the highest active rows into the holes (device rows included)."""
@@ -255,7 +285,11 @@ class Scheduler:
                 last -= 1
             if last > i:
                 mover = self.slots[last]
-                self.runner.move(last, i)
+                if self.prefixes is not None:  # keep the finished row's prefix: it goes up to `last`
+                    self.runner.swap(last, i)
+                    self.prefixes.swapped(last, i)
+                else:
+                    self.runner.move(last, i)
                 for a in (self.tokens, self.positions, self.bitmask, *self.sp):
                     a[i] = a[last]
                 self.positions[last] = -1

@@ -11,9 +11,11 @@ Contract:
   `b`: one forward token per row (position -1 = idle row: nothing written, output ignored), then the
   masked sampler (`sampler.sample`) in the same XLA program; counts of active rows are updated. Bitmasks
   have the layout of `jaxchat.bitmask`, W = `mask_words(V)` words per row.
-- `prefill(slot, prompt_ids, bitmask[1, W], sampling[1])` pads the prompt to a length bucket, writes its
-  K/V into `slot`, resets the slot's counts and prompt mask and samples the first token through the same
-  masked sampler.  `move(src, dst)` copies one slot's rows (used to keep active slots compact).
+- `prefill(slot, prompt_ids, bitmask[1, W], sampling[1], start=0)` runs the prompt from position `start`
+  on (positions 0..start-1 of `slot` must already hold the K/V of prompt_ids[:start]: a reused prefix),
+  padded to a length bucket, writes its K/V into `slot`, resets the slot's counts and sets its prompt mask
+  to the whole prompt, and samples the first token through the same masked sampler.  `move(src, dst)`
+  copies one slot's rows and `swap(a, b)` exchanges two (the scheduler keeps active slots compact).
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket ahead of time (lowered for the exact
   arguments a call passes, not run); after it, no call compiles anything.  Sampling parameters are arrays.
 - Attention spans: with `span_buckets` (and `StepModel.attention_spans`), each decode attends over
@@ -30,6 +32,8 @@ Contract:
   row compute the logits from a vocab-major copy of the lm head (kept next to the params under
   "head_vd"): XLA:CPU's GEMM runs [V, d] . x^T ~1.5x faster than x . [d, V] at 16 rows, while one row is
   faster the other way. It costs one more copy of the head in memory.
+- `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
+  also compiles `swap`; `runner.keep_prefixes` says whether it is on.
 - Sharding: params keep the shardings they arrive with; the cache is sharded over kv heads on the mesh
   axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
 """
@@ -143,8 +147,11 @@ class StepRunner:
         batch_buckets: Sequence[int],
         length_buckets: Sequence[int],
         span_buckets: Sequence[int] | None = None,
+        keep_prefixes: bool = False,
     ) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
+        # reuse idle rows' prefixes (the scheduler's prefix cache): only where the model's cache is positional
+        self.keep_prefixes = keep_prefixes and model.prefix_reuse
         self.mask_words = mask_words(vocab_size)
         self.max_batch, self.max_context = max_batch, max_context
         self.batch_buckets, self.length_buckets = tuple(batch_buckets), tuple(length_buckets)
@@ -189,10 +196,12 @@ class StepRunner:
         self._prefill = jax.jit(
             self._prefill_impl,
             donate_argnums=(1,),
-            in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep),
+            in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep, rep),
             out_shardings=(state_sh, rep),
         )
         self._move = jax.jit(functools.partial(self._move_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
+                             in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
+        self._swap = jax.jit(functools.partial(self._swap_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
                              in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
 
     # ---- traced programs -------------------------------------------------------------------------
@@ -200,16 +209,13 @@ class StepRunner:
         return decode_step(params, state, tokens, positions, bitmask, sp, forward=self._forward,
                            valid_vocab=self.valid_vocab, max_batch=self.max_batch, span=span)
 
-    def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, bitmask, sp):
+    def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, pmask, bitmask, sp):
         # Writes the prompt's K/V straight into row `slot`; logits only at the last prompt token.
         params, _ = split_vocab_major_head(params)
         logits, ck, cv = self._forward(params, tokens, positions, state.cache_k, state.cache_v, row_offset=slot,
                                        logits_index=jnp.reshape(length - 1, (1,)))
         last = logits[:, 0]
-        v = self.vocab_size
-        ids = jnp.where(positions[0] >= 0, tokens[0], v)
-        pmask = jnp.zeros((1, v), jnp.bool_).at[0, ids].set(True, mode="drop")
-        counts = jnp.zeros((1, v), jnp.int32)
+        counts = jnp.zeros((1, self.vocab_size), jnp.int32)
         out = sample(last, bitmask, counts, pmask, sp, self.valid_vocab)
         counts = counts.at[0, out.tokens[0]].add(1)
         return DecodeState(
@@ -231,23 +237,43 @@ class StepRunner:
         return DecodeState(mv_cache(state.cache_k), mv_cache(state.cache_v), mv(state.counts, 0),
                            mv(state.prompt_mask, 0))
 
+    @staticmethod
+    def _swap_impl(state: DecodeState, a, b, cache_axis: int = 1):
+        def sw(x, axis):
+            row_a = jax.lax.dynamic_slice_in_dim(x, a, 1, axis=axis)
+            row_b = jax.lax.dynamic_slice_in_dim(x, b, 1, axis=axis)
+            x = jax.lax.dynamic_update_slice_in_dim(x, row_b, a, axis=axis)
+            return jax.lax.dynamic_update_slice_in_dim(x, row_a, b, axis=axis)
+
+        def sw_cache(c):
+            return jax.tree.map(lambda x: sw(x, cache_axis), c)
+
+        return DecodeState(sw_cache(state.cache_k), sw_cache(state.cache_v), sw(state.counts, 0),
+                           sw(state.prompt_mask, 0))
+
     # ---- host entry points ----------------------------------------------------------------------
     def _decode_call(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays):
         """(the decode program for these rows, its arguments): the smallest span above every row's position."""
         span = bucket_for(int(np.max(positions, initial=0)) + 1, self.span_buckets)
         return self._decodes[span], (self.params, self.state, tokens, positions, bitmask, sp)
 
-    def _prefill_call(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays):
-        """(the prefill program, its arguments): the prompt padded to its length bucket."""
-        n = len(prompt)
-        if not 0 < n <= self.length_buckets[-1]:
-            raise ValueError(f"prompt length {n} is outside 1..{self.length_buckets[-1]}")
+    def _prefill_call(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays,
+                      start: int = 0):
+        """(the prefill program, its arguments): prompt[start:] at positions start.., padded to its length
+        bucket; the prompt mask covers the whole prompt."""
+        n = len(prompt) - start
+        if not 0 < n <= self.length_buckets[-1] or start < 0:
+            raise ValueError(f"prompt length {n} (from position {start}) is outside 1..{self.length_buckets[-1]}")
         t = bucket_for(n, self.length_buckets)
         tokens = np.zeros((1, t), np.int32)
-        tokens[0, :n] = prompt
+        tokens[0, :n] = prompt[start:]
         positions = np.full((1, t), -1, np.int32)
-        positions[0, :n] = np.arange(n, dtype=np.int32)
-        return self._prefill, (self.params, self.state, np.int32(slot), tokens, positions, np.int32(n), bitmask, sp)
+        positions[0, :n] = np.arange(start, start + n, dtype=np.int32)
+        ids = np.asarray(prompt, np.int64)
+        pmask = np.zeros((1, self.vocab_size), np.bool_)
+        pmask[0, ids[(ids >= 0) & (ids < self.vocab_size)]] = True
+        return self._prefill, (self.params, self.state, np.int32(slot), tokens, positions, np.int32(n), pmask,
+                               bitmask, sp)
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
         """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
@@ -256,13 +282,17 @@ class StepRunner:
         self.state, out = program(*args)
         return SampleOut(*(np.asarray(x) for x in out))
 
-    def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
-        program, args = self._prefill_call(slot, prompt, bitmask, sp)
+    def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays,
+                start: int = 0) -> SampleOut:
+        program, args = self._prefill_call(slot, prompt, bitmask, sp, start)
         self.state, out = program(*args)
         return SampleOut(*(np.asarray(x) for x in out))
 
     def move(self, src: int, dst: int) -> None:
         self.state = self._move(self.state, np.int32(src), np.int32(dst))
+
+    def swap(self, a: int, b: int) -> None:
+        self.state = self._swap(self.state, np.int32(a), np.int32(b))
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile every bucket ahead of time: each program is lowered and compiled for exactly the arguments
@@ -281,6 +311,8 @@ class StepRunner:
         for t in self.length_buckets:
             calls.append(self._prefill_call(0, [0] * min(t, self.max_context - 1), mask1, sp1))
         calls.append((self._move, (self.state, np.int32(0), np.int32(0))))
+        if self.keep_prefixes and self.max_batch > 1:
+            calls.append((self._swap, (self.state, np.int32(0), np.int32(1))))
         for i, (program, args) in enumerate(calls):
             program.lower(*args).compile()
             if progress is not None:

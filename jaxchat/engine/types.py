@@ -75,3 +75,4 @@ class GenerationOutput:
     logprobs: list[TokenLogprob] | None = None
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V were reused from an earlier request (prefix reuse)

@@ -76,6 +76,9 @@ class StepModel(NamedTuple):
     new_cache: Callable[[int, int, Sequence[int]], tuple[Any, Any]]  # (batch, max_len, spans) -> zeroed caches
     attention_spans: bool  # the forward takes `attend_len` (reads only a prefix of the cache)
     vocab_major_head: Callable[[Any, Any], Any] | None  # (params, mesh) -> the head_vd copy; None: not used
+    # every layer's cache is indexed by position (no RecurrentState), so a row's first n positions stay valid
+    # for any continuation of its first n tokens (prefix reuse)
+    prefix_reuse: bool = True
 
 
 class LoadedModel:
@@ -128,7 +131,8 @@ class LoadedModel:
         if not self.stacked:
             return StepModel(layout="unrolled", params=params, forward=functools.partial(self.forward, layout="unrolled"),
                              new_cache=self.layer_cache, attention_spans=True,
-                             vocab_major_head=self.vocab_major_head if platform == "cpu" else None)
+                             vocab_major_head=self.vocab_major_head if platform == "cpu" else None,
+                             prefix_reuse=self.positional_cache)
         if platform == "cpu":
             return StepModel(layout="unrolled", params=unstack_layers(params),
                              forward=functools.partial(self.forward, layout="unrolled"),
@@ -140,6 +144,14 @@ class LoadedModel:
 
         return StepModel(layout="stacked", params=params, forward=functools.partial(self.forward, layout="stacked"),
                          new_cache=stacked_cache, attention_spans=True, vocab_major_head=None)
+
+    @property
+    def positional_cache(self) -> bool:
+        """Whether every layer's cache is a K/V cache by position (no `RecurrentState`)."""
+        from jaxchat.models.families import family_module
+
+        dims = family_module(self.config.family).Model.cache_dims(self.config)
+        return not any(isinstance(d, RecurrentState) for d in dims)
 
     def lm_head_weight(self, params):
         """The lm head's [hidden, vocab] param: the tied embedding table or `lm_head`."""

@@ -13,7 +13,9 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
 * gauges from `service.stats()`: `requests_running`, `requests_waiting`, `batch_slots_total`,
   `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles` (XLA compiles in the process, persistent-cache
   loads included), `compile_cache_hits` (those the persistent compilation cache answered), plus `service_<key>` for any
-  other numeric entry.
+  other numeric entry;
+* `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache (a counter fed
+  from the service's running total `prefix_cache_hit_tokens`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ class Metrics:
         self.disconnects = Counter("jaxchat_stream_disconnects", "Streams ended early by the client", registry=r)
         self.streams_active = Gauge("jaxchat_streams_active", "Open SSE streams", registry=r)
         self.occupancy = Gauge("jaxchat_batch_occupancy", "Busy batch slots / total slots", registry=r)
-        self._stat_gauges: dict[str, Gauge] = {}
+        self.prefix_hits = Counter("jaxchat_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache",
+                                   registry=r)
+        self._prefix_hits_seen = 0
+        self._stat_gauges: dict[str, Gauge] = {"prefix_cache_hit_tokens": None}  # a counter, not a gauge
         for key, name in _KNOWN_STATS.items():
             self._gauge(key, name)
 
@@ -119,6 +124,10 @@ class Metrics:
                 gauge = self._gauge(key)
                 if gauge is not None:
                     gauge.set(value)
+        hits = stats.get("prefix_cache_hit_tokens")
+        if isinstance(hits, int) and hits > self._prefix_hits_seen:
+            self.prefix_hits.inc(hits - self._prefix_hits_seen)
+            self._prefix_hits_seen = hits
         total, busy = stats.get("slots_total"), stats.get("slots_busy")
         if isinstance(total, (int, float)) and isinstance(busy, (int, float)) and total > 0:
             self.occupancy.set(busy / total)
