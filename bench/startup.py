@@ -1,5 +1,6 @@
-"""Start-up benchmark: `jaxchat serve` from launch to a ready /health, cold (an empty compilation cache) vs
-warm (the cache the cold start filled), side by side in one run, with the ratio warm / cold.
+"""Start-up benchmark: `jaxchat serve` from launch to a ready /health, cold (a fresh machine: an empty
+compilation cache and, for a GGUF model, no cached dequantised weights) vs warm (the caches the cold start
+filled), side by side in one run, with the ratio warm / cold.
 
 Each start is a subprocess on a free 127.0.0.1 port with its own `--compile-cache` directory (a fresh
 temporary one for the cold start, the same one again for the warm start). Each start's own log line
@@ -63,6 +64,18 @@ def time_to_ready(args: argparse.Namespace, cache: Path, log: Path) -> tuple[flo
     return seconds, found.group(0) if found else "(no warm-up line)"
 
 
+def clear_dequantized(model: str | None) -> None:
+    """Remove the GGUF model's cached dequantised weights (`gguf_loader.dequantized_cache_file`)."""
+    sys.path.insert(0, str(ROOT))
+    from jaxchat.assets import DEFAULT_MODEL, asset_path
+    from jaxchat.models.gguf_loader import dequantized_cache_file
+
+    path = Path(model) if model else asset_path(DEFAULT_MODEL)
+    cached = dequantized_cache_file(path) if path.suffix == ".gguf" else None
+    if cached is not None:
+        cached.unlink(missing_ok=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="default: the default model asset")
@@ -74,6 +87,7 @@ def main() -> None:
     try:
         for run in range(args.runs):
             cache = work / f"cache-{run}"
+            clear_dequantized(args.model)
             cold, cold_line = time_to_ready(args, cache, work / f"cold-{run}.log")
             warm, warm_line = time_to_ready(args, cache, work / f"warm-{run}.log")
             print(f"run {run + 1}: cold {cold:6.1f} s  [{cold_line}]")

@@ -38,7 +38,8 @@ class TextCompletions:
         ids, sampling, echo = self._prepare_completion(request)
         results = await asyncio.gather(*(self._collect(g) for g in self._requests(ids, sampling, request.n)))
         choices = [_choice(i, echo + r.text, r.finish_reason) for i, r in enumerate(results)]
-        usage = shapes.usage(len(ids), sum(r.num_tokens for r in results))
+        usage = shapes.usage(len(ids), sum(r.num_tokens for r in results),
+                             cached_tokens=max(r.cached_tokens for r in results))
         return shapes.text_completion(shapes.new_id("cmpl"), self.model_id, choices, usage)
 
     def completion_stream(self, request: CompletionRequest) -> ChunkStream:
@@ -50,7 +51,7 @@ class TextCompletions:
         gens = self._requests(ids, sampling, request.n)
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
-        generated, done, started = [0] * len(gens), 0, [False] * len(gens)
+        generated, done, started, cached = [0] * len(gens), 0, [False] * len(gens), 0
         try:
             while done < len(gens):
                 index, out = await queue.get()
@@ -61,10 +62,11 @@ class TextCompletions:
                 text = out.text if started[index] else echo + out.text
                 started[index] = True
                 generated[index] = out.num_generated_tokens or generated[index]
+                cached = max(cached, out.num_cached_tokens)
                 done += out.finished
                 finish = out.finish_reason if out.finished else None
                 yield shapes.text_completion(rid, self.model_id, [_choice(index, text, finish)], None, chunk=True)
-            stream.usage = shapes.usage(len(ids), sum(generated))
+            stream.usage = shapes.usage(len(ids), sum(generated), cached_tokens=cached)
             if request.include_usage:
                 yield shapes.text_completion(rid, self.model_id, [], stream.usage, chunk=True)
         finally:

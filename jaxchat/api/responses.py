@@ -32,7 +32,7 @@ class ResponsesApi:
         writer = rs.ResponseWriter(self.model_id, request.echo)
         writer.feed(rs.message_deltas(msg))
         writer.finish(finish, rs.usage(len(prepared.prompt_ids), result.num_tokens,
-                                       self._count_tokens(msg.reasoning_content)))
+                                       self._count_tokens(msg.reasoning_content), result.cached_tokens))
         return writer.response
 
     def response_stream(self, request: ResponsesRequest) -> ChunkStream:
@@ -51,9 +51,10 @@ class ResponsesApi:
                     yield writer.failed()
                     return
                 if update.finished:
-                    stream.usage = shapes.usage(run.prompt_tokens, update.num_tokens, update.reasoning_tokens)
+                    stream.usage = shapes.usage(run.prompt_tokens, update.num_tokens, update.reasoning_tokens,
+                                                update.cached_tokens)
                     for event in writer.finish(update.finish_reason, rs.usage(
-                            run.prompt_tokens, update.num_tokens, update.reasoning_tokens)):
+                            run.prompt_tokens, update.num_tokens, update.reasoning_tokens, update.cached_tokens)):
                         yield event
         finally:
             run.cancel()

@@ -13,7 +13,7 @@ in output order, then `response.completed`, or `response.incomplete` with `incom
 `response` is the final response object; a non-streamed reply is built by feeding the parsed
 message's deltas from an empty message (`message_deltas`) to the same writer, so both modes agree by
 construction (when a model writes text after a call, a stream lists the message after that call).
-`usage(input, output, reasoning)` is the Responses usage object.
+`usage(input, output, reasoning, cached)` is the Responses usage object.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict:
+def usage(input_tokens: int, output_tokens: int, reasoning_tokens: int = 0, cached_tokens: int = 0) -> dict:
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": input_tokens + output_tokens,

@@ -15,7 +15,8 @@ Contract:
   `engine.abort(request_id)` frees the request's slot at the next step ("abort").
 - `prefix_cache=True`: a request whose prompt starts with tokens an idle slot still holds (a finished
   turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
-  layers, every prompt is prefilled whole. Greedy outputs are the same either way.
+  layers, every prompt is prefilled whole. Greedy outputs agree either way up to float rounding (a reused
+  prefix's K/V came from other programs: decode steps, another prefill length).
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
   prefix_cache_hit_tokens, compile_count, compiles_after_warmup, compile_cache_hits) for /metrics; `engine.shutdown()` stops the thread (idempotent).
 """

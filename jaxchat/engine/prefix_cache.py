@@ -1,14 +1,18 @@
-"""Which token prefixes the KV cache's idle rows still hold, so a new prompt can start from one.
+"""Which token prefixes the KV cache's idle rows still hold, and which row a new prompt should take.
 
 Contract:
 - `ResidentPrefixes(rows)` keeps, per cache row, the token ids whose K/V that row holds at positions
   0..len-1, or nothing. Only idle rows are recorded: the scheduler records a row when its request finishes
   (`record(row, tokens)`: exactly the tokens written, i.e. the prompt and every generated token fed back)
-  and forgets it when a request takes the row (`forget(row)`). Row moves and swaps made by the scheduler
-  are mirrored with `moved(src, dst)` / `swapped(a, b)`.
-- `best(prompt, rows)` -> (row, n): among `rows`, the one sharing the longest common prefix with `prompt`
-  and that length, capped at len(prompt) - 1 (the last prompt token is always run, for its logits);
-  (-1, 0) when none shares a token. Ties go to the first row given.
+  and forgets it when a request takes the row (`forget(row)`). Row swaps made by the scheduler are
+  mirrored with `swapped(a, b)`.
+- `plan(prompt, rows)` -> `Placement(row, source, length)` for a prompt about to take one of the idle
+  `rows`: `length` prompt tokens can be reused (the longest common prefix with any record, capped at
+  len(prompt) - 1: the last prompt token is always run, for its logits), from row `source` (-1: none).
+  `row` is the row the request should overwrite: the source itself when the prompt reuses at least half of
+  its record (the same conversation going on), otherwise a row holding nothing, else the least recently
+  recorded or used one (never the source while another row is free), and then the scheduler copies the
+  shared prefix over from `source`, which keeps its record for the conversation it belongs to.
 - Valid only for caches indexed by position (attention K/V): a row's state at position n must not depend
   on tokens written after n. Recurrent layers (convolution windows, linear attention) break that; the
   engine does not build this for such models.
@@ -16,45 +20,67 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class Placement(NamedTuple):
+    row: int  # the idle row the request takes
+    source: int  # the row holding the reusable prefix (-1: none)
+    length: int  # prompt tokens reused
 
 
 class ResidentPrefixes:
     def __init__(self, rows: int) -> None:
-        self._tokens: list[tuple[int, ...] | None] = [None] * rows
+        self._tokens: list[np.ndarray | None] = [None] * rows
+        self._used = [0] * rows  # when each row was last recorded or reused from (LRU order)
+        self._clock = 0
+
+    def _touch(self, row: int) -> None:
+        self._clock += 1
+        self._used[row] = self._clock
 
     def record(self, row: int, tokens: Sequence[int]) -> None:
-        self._tokens[row] = tuple(tokens) if tokens else None
+        self._tokens[row] = np.asarray(tokens, np.int64) if len(tokens) else None
+        self._touch(row)
 
     def forget(self, row: int) -> None:
         self._tokens[row] = None
 
     def held(self, row: int) -> tuple[int, ...]:
-        return self._tokens[row] or ()
-
-    def moved(self, src: int, dst: int) -> None:
-        """Row src was copied onto dst (src keeps its copy)."""
-        self._tokens[dst] = self._tokens[src]
+        t = self._tokens[row]
+        return () if t is None else tuple(int(x) for x in t)
 
     def swapped(self, a: int, b: int) -> None:
         self._tokens[a], self._tokens[b] = self._tokens[b], self._tokens[a]
+        self._used[a], self._used[b] = self._used[b], self._used[a]
 
-    def best(self, prompt: Sequence[int], rows: Iterable[int]) -> tuple[int, int]:
-        limit = len(prompt) - 1
-        best_row, best_len = -1, 0
+    def plan(self, prompt: Sequence[int], rows: Sequence[int]) -> Placement:
+        rows = list(rows)
+        p = np.asarray(prompt, np.int64)
+        limit = len(p) - 1
+        source, length = -1, 0
         for row in rows:
             held = self._tokens[row]
-            if held is None:
-                continue
-            n = min(common_prefix_length(held, prompt), limit)
-            if n > best_len:
-                best_row, best_len = row, n
-        return best_row, best_len
+            if held is not None:
+                n = min(common_prefix_length(held, p), limit)
+                if n > length:
+                    source, length = row, n
+        if source >= 0:
+            self._touch(source)
+            if 2 * length >= len(self._tokens[source]):
+                return Placement(source, source, length)
+        others = [r for r in rows if r != source] or rows
+        empty = [r for r in others if self._tokens[r] is None]
+        target = empty[0] if empty else min(others, key=lambda r: self._used[r])
+        return Placement(target, source, length)

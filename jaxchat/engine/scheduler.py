@@ -14,8 +14,9 @@ Contract:
   request with finish_reason "error" and `error` set; the other requests continue.
 - Prefix reuse (when `runner.keep_prefixes`): a finished request's row keeps its K/V and is recorded in a
   `ResidentPrefixes`; rows are swapped, not overwritten, when compacting. A new request takes the idle row
-  sharing the longest prefix with its prompt (swapped into place) and prefills only the rest. The reused
-  count is reported as `num_cached_tokens` on every output and summed in `prefix_hit_tokens`.
+  `ResidentPrefixes.plan` picks (swapped into place; the longest shared prefix copied in from another row
+  when that row keeps its record) and prefills only the rest. The reused count is reported as
+  `num_cached_tokens` on every output and summed in `prefix_hit_tokens`.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class Scheduler:
             self._finish(seq, "error", error=message)
         self.waiting.clear()
         self._compact()
+        if self.prefixes is not None:  # a failed step may have left any row's K/V half written
+            self.prefixes = ResidentPrefixes(len(self.slots))
 
     def _apply_aborts(self, ids: set[str]) -> None:
         for seq in [s for s in self.waiting if s.req.request_id in ids]:
@@ -160,16 +163,21 @@ class Scheduler:
         self._compact()
 
     def _take_prefix(self, slot: int, prompt: list[int]) -> int:
-        """Bring the idle row holding the longest prefix of `prompt` into `slot` (a swap, so the row there
-        keeps its own); returns how many prompt tokens it holds (0: prefill everything)."""
+        """Put the request's row in `slot`: the idle row `ResidentPrefixes.plan` picks, swapped into place (so
+        the row there keeps its own record), with the reusable prefix copied over when another row holds it.
+        Returns how many prompt tokens the row then holds (0: prefill everything)."""
         if self.prefixes is None:
             return 0
-        row, n = self.prefixes.best(prompt, range(slot, len(self.slots)))
-        if row > slot:
-            self.runner.swap(row, slot)
-            self.prefixes.swapped(row, slot)
+        plan = self.prefixes.plan(prompt, range(slot, len(self.slots)))
+        source = plan.source
+        if plan.row != slot:
+            self.runner.swap(plan.row, slot)
+            self.prefixes.swapped(plan.row, slot)
+            source = {plan.row: slot, slot: plan.row}.get(source, source)  # where the swap left it
+        if plan.length and source != slot:
+            self.runner.move(source, slot)
         self.prefixes.forget(slot)
-        return n
+        return plan.length
 
     def _set_sampling(self, slot: int, req: GenerationRequest) -> None:
         s, sp = req.sampling, self.sp
@@ -267,7 +275,7 @@ class Scheduler:
                 self.positions[seq.slot] = -1
                 self.bitmask[seq.slot].fill(-1)
                 if self.prefixes is not None:  # the row keeps what was written: the prompt and fed-back outputs
-                    self.prefixes.record(seq.slot, (seq.req.prompt_ids + seq.out_ids)[: seq.written])
+                    self.prefixes.record(seq.slot, (list(seq.req.prompt_ids) + seq.out_ids)[: seq.written])
 
     def _compact(self) -> None:
         """Drop finished rows, moving the highest active rows into the holes (device rows included)."""

@@ -137,13 +137,14 @@ class LoadedModel:
             return StepModel(layout="unrolled", params=unstack_layers(params),
                              forward=functools.partial(self.forward, layout="unrolled"),
                              new_cache=self.layer_cache, attention_spans=True,
-                             vocab_major_head=self.vocab_major_head)
+                             vocab_major_head=self.vocab_major_head, prefix_reuse=self.positional_cache)
 
         def stacked_cache(batch: int, max_len: int, spans: Sequence[int] = ()):
             return self.empty_cache(batch, max_len)  # one buffer over all positions: spans do not cut it
 
         return StepModel(layout="stacked", params=params, forward=functools.partial(self.forward, layout="stacked"),
-                         new_cache=stacked_cache, attention_spans=True, vocab_major_head=None)
+                         new_cache=stacked_cache, attention_spans=True, vocab_major_head=None,
+                         prefix_reuse=self.positional_cache)
 
     @property
     def positional_cache(self) -> bool:

@@ -7,11 +7,18 @@ check as HF checkpoints. Fix-ups of llama.cpp's converter are undone: llama Q/K 
 un-permuted (rotary pairs interleaved back to halves), Gemma norm weights (stored as 1 + w) get 1
 subtracted. A model without `output.weight` has tied embeddings. The tokenizer comes from the GGUF
 through transformers, the chat template from the `tokenizer.chat_template` metadata.
+
+Dequantising is slow (tens of seconds for a 0.5B model), so the first load of a GGUF file writes the
+dequantised float32 tensors (fix-ups applied, HF names) to
+`$JAXCHAT_CACHE/dequantized/<stem>-<size>-<mtime_ns>-v<version>.safetensors` and later loads read them from there
+(memory-mapped). JAXCHAT_DEQUANT_CACHE=0 turns the cache off; an unwritable cache only costs speed.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -178,8 +185,87 @@ def gguf_tokenizer(path: Path, template: str | None):
     return tok
 
 
+DEQUANT_CACHE_VERSION = 1  # bump when the fix-ups or names written to the cache change
+
+
+def dequantized_cache_file(path: Path) -> Path | None:
+    """Where the dequantised tensors of the GGUF file at `path` are cached (None: caching is off)."""
+    if os.environ.get("JAXCHAT_DEQUANT_CACHE", "1") == "0":
+        return None
+    from jaxchat.assets import cache_dir
+
+    st = path.stat()
+    return cache_dir() / "dequantized" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}-v{DEQUANT_CACHE_VERSION}.safetensors"
+
+
+def _cached_tensors(handle) -> dict[str, Tensor]:
+    return {name: Tensor(tuple(handle.get_slice(name).get_shape()), lambda name=name: handle.get_tensor(name))
+            for name in handle.keys()}  # noqa: SIM118 - safe_open handles are not iterable
+
+
+class _CacheWriter:
+    """Writes float32 tensors of known shapes into a safetensors file as they are loaded, one at a time
+    (the layout is fixed up front, so nothing is held in memory), and publishes the file only when every
+    tensor was written (`finish`). Any OSError turns it off: a read-only or full cache only costs speed."""
+
+    def __init__(self, file: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+        import json
+
+        self.file, self.pending, self.offsets = file, set(shapes), {}
+        header, at = {}, 0
+        for name, shape in shapes.items():
+            size = 4 * int(np.prod(shape, dtype=np.int64))
+            header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [at, at + size]}
+            self.offsets[name], at = at, at + size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self.data_start = 8 + len(raw)
+        self.out = None
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            fd, self.tmp = tempfile.mkstemp(dir=file.parent, prefix=".tmp-", suffix=".safetensors")
+            self.out = os.fdopen(fd, "wb")
+            self.out.write(len(raw).to_bytes(8, "little") + raw)
+            self.out.truncate(self.data_start + at)
+        except OSError:
+            self.close()
+
+    def wrap(self, name: str, tensor: Tensor) -> Tensor:
+        def load():
+            x = tensor.load()
+            if self.out is not None:
+                try:
+                    self.out.seek(self.data_start + self.offsets[name])
+                    self.out.write(np.ascontiguousarray(x, "<f4").tobytes())
+                    self.pending.discard(name)
+                except OSError:
+                    self.close()
+            return x
+
+        return Tensor(tensor.shape, load)
+
+    def finish(self) -> None:
+        if self.out is None:
+            return
+        try:
+            self.out.close()
+            if not self.pending:
+                os.replace(self.tmp, self.file)
+        except OSError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+        if getattr(self, "tmp", None) and os.path.exists(self.tmp):
+            os.unlink(self.tmp)
+
+
 def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
     import gguf
+    from safetensors import safe_open
 
     path = Path(path)
     reader = gguf.GGUFReader(str(path))
@@ -190,8 +276,21 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
     cfg = config_from_gguf(reader, names, int(embd.shape[-1]))
     arch = field(reader, "general.architecture")
     heads = (cfg.num_heads, cfg.num_kv_heads)
-    tensors = {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
-    graphdef, params = assemble(cfg, tensors, dtype, mesh, where=path.name, desc=f"loading {path.name}")
+    cache = dequantized_cache_file(path)
+    desc = f"loading {path.name}"
+    if cache is not None and cache.exists():
+        with safe_open(str(cache), framework="numpy") as handle:
+            graphdef, params = assemble(cfg, _cached_tensors(handle), dtype, mesh, where=str(cache), desc=desc)
+    else:
+        tensors = {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
+        writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()}) if cache is not None else None
+        if writer is not None:
+            tensors = {n: writer.wrap(n, t) for n, t in tensors.items()}
+        try:
+            graphdef, params = assemble(cfg, tensors, dtype, mesh, where=path.name, desc=desc)
+        finally:
+            if writer is not None:
+                writer.finish()
     template = field(reader, "tokenizer.chat_template")
     tok = gguf_tokenizer(path, template) if tokenizer else None
     return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxchat.engine.engine import Engine
-from jaxchat.engine.prefix_cache import ResidentPrefixes
+from jaxchat.engine.prefix_cache import Placement, ResidentPrefixes
 from jaxchat.engine.types import GenerationRequest, SamplingParams
 from tests.engine.helpers import FakeModel, byte_tokenizer
 
@@ -19,19 +19,24 @@ TOK = byte_tokenizer()
 EOS = TOK.convert_tokens_to_ids("<|im_end|>")
 
 
-def test_best_row_is_the_longest_common_prefix_short_of_the_last_token():
+def test_plan_reuses_the_longest_prefix_and_overwrites_the_least_valuable_row():
     p = ResidentPrefixes(4)
-    p.record(1, [1, 2, 3, 9])
+    p.record(1, [5, 5, 9])
     p.record(2, [1, 2, 3, 4, 5, 6])
     p.record(3, [7])
-    assert p.best([1, 2, 3, 4, 5], range(4)) == (2, 4)  # capped at len - 1: the last token is always run
-    assert p.best([1, 2, 3, 4, 5], [0, 1, 3]) == (1, 3)
-    assert p.best([8, 1], range(4)) == (-1, 0)
+    # the prompt continues most of row 2's record (the same conversation): it takes row 2 itself; the match is
+    # capped at len - 1 (the last prompt token is always run)
+    assert p.plan([1, 2, 3, 4, 5], range(4)) == Placement(2, 2, 4)
+    # a short match (a shared template head): row 2 keeps its record, the empty row 0 is taken and the
+    # prefix copied from row 2
+    assert p.plan([1, 2, 8, 8, 8, 8, 8, 8], range(4)) == Placement(0, 2, 2)
+    # nothing shared and no empty row: the least recently recorded or used row (row 1; row 2 was just used)
+    assert p.plan([8, 1], [1, 2, 3]) == Placement(1, -1, 0)
     p.swapped(1, 3)
-    assert p.held(3) == (1, 2, 3, 9) and p.held(1) == (7,)
-    p.moved(2, 0)
+    assert p.held(3) == (5, 5, 9) and p.held(1) == (7,)
     p.forget(2)
-    assert p.best([1, 2, 3, 4, 5, 6, 7], range(4)) == (0, 6)
+    assert p.plan([5, 5, 9, 9, 9], [1, 2, 3]) == Placement(3, 3, 3)
+    assert p.plan([5, 1], [3]) == Placement(3, 3, 1)  # the only idle row: taken even for a short match
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,7 @@ def engines():
     off.shutdown()
 
 
-def run_rounds(engine, rounds, user_turns, max_tokens):
+def run_rounds(engine, rounds, user_turns, max_tokens, stop_ids=()):
     """Conversations grow turn by turn: a turn's prompt is the previous prompt, its reply and the next user
     text. `rounds`: per round, which conversations take their next turn (submitted together, in that order,
     one step apart). Returns {(conversation, turn): (reply ids, cached tokens)}."""
@@ -60,14 +65,15 @@ def run_rounds(engine, rounds, user_turns, max_tokens):
         for c in members:
             if taken[c]:
                 history[c] = history[c] + TOK.encode(user_turns[c][taken[c]])
-            s = SamplingParams(max_tokens=max_tokens[c], ignore_eos=True, repetition_penalty=1.3 if c % 2 else 1.0)
+            s = SamplingParams(max_tokens=max_tokens[c], ignore_eos=True, repetition_penalty=1.3 if c % 2 else 1.0,
+                               stop_token_ids=stop_ids)
             sched.submit(GenerationRequest(list(history[c]), s, None, f"{c}.{taken[c]}"), got[c].append)
             sched.step()
         while sched.has_work():
             sched.step()
         for c in members:
             reply = [t for o in got[c] for t in o.token_ids]
-            assert got[c][-1].finish_reason == "length"
+            assert got[c][-1].finish_reason in ("length", "stop")
             out[(c, taken[c])] = (reply, got[c][-1].num_cached_tokens)
             history[c] = history[c] + reply
             taken[c] += 1
@@ -78,15 +84,17 @@ conversation_rounds = st.lists(st.permutations([0, 1, 2]).flatmap(
     lambda order: st.integers(1, 3).map(lambda k: order[:k])), min_size=3, max_size=7)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rounds=conversation_rounds, lengths=st.lists(st.integers(1, 9), min_size=3, max_size=3))
-def test_greedy_outputs_identical_with_and_without_reuse(engines, rounds, lengths):
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rounds=conversation_rounds, lengths=st.lists(st.integers(1, 9), min_size=3, max_size=3),
+       stop_ids=st.sets(st.integers(0, 319), max_size=40))
+def test_greedy_outputs_identical_with_and_without_reuse(engines, rounds, lengths, stop_ids):
     on, off = engines
     user_turns = {c: [f"system {c} " * 3 + "hello", f" and then {c}?", " more"] for c in range(3)}
     max_tokens = dict(enumerate(lengths))
     hits_before = on.scheduler.prefix_hit_tokens
-    with_reuse = run_rounds(on, rounds, user_turns, max_tokens)
-    without = run_rounds(off, rounds, user_turns, max_tokens)
+    stop_ids = tuple(sorted(stop_ids))  # some turns end on a stop token (not written back), some on length
+    with_reuse = run_rounds(on, rounds, user_turns, max_tokens, stop_ids)
+    without = run_rounds(off, rounds, user_turns, max_tokens, stop_ids)
     assert {k: v[0] for k, v in with_reuse.items()} == {k: v[0] for k, v in without.items()}
     assert all(cached == 0 for _, cached in without.values())
     cached = sum(c for _, c in with_reuse.values())
@@ -114,7 +122,7 @@ def test_chat_usage_reports_cached_tokens_and_metrics_count_them():
     tokens, reported as usage.prompt_tokens_details.cached_tokens and on /metrics; with reuse off the same
     turn reports 0 and the same reply."""
     from jaxchat.api import build_chat_service
-    from jaxchat.api.request import parse_chat_request
+    from jaxchat.api.request import parse_chat_request, parse_completion_request
     from jaxchat.server.metrics import Metrics
     from tests.reliability.tiny import tiny_checkpoint
 
@@ -133,27 +141,32 @@ def test_chat_usage_reports_cached_tokens_and_metrics_count_them():
             msg = first["choices"][0]["message"]
             msgs += [{"role": "assistant", "content": None, "tool_calls": msg["tool_calls"]},
                      {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "sunny, 21 C"}]
-            second = await service.chat_completion(parse_chat_request({**body, "messages": msgs, "tool_choice": "none",
-                                                                       "max_tokens": 8}))
-            return first, second
+            second_body = parse_chat_request({**body, "messages": msgs, "tool_choice": "none", "max_tokens": 8})
+            second = await service.chat_completion(second_body)
+            # /v1/completions on turn 2's prompt ids: the row holds all of them (the last one is always run)
+            ids = list(service.prepare_chat(second_body).prompt_ids)
+            third = await service.completion(parse_completion_request({"model": "m", "prompt": ids, "max_tokens": 1}))
+            return first, second, (third, len(ids))
 
         return asyncio.run(turns())
 
     on = build_chat_service(tiny_checkpoint(), **shapes)
     try:
-        first, second = conversation(on)
+        first, second, (third, third_prompt) = conversation(on)
         metrics = Metrics(on).render().decode()
     finally:
         on.close()
     off = build_chat_service(tiny_checkpoint(), **shapes, prefix_cache=False)
     try:
-        first_off, second_off = conversation(off)
+        first_off, second_off, (third_off, _) = conversation(off)
     finally:
         off.close()
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert 0.5 * first["usage"]["prompt_tokens"] < cached < second["usage"]["prompt_tokens"]
-    assert f"jaxchat_prefix_cache_hit_tokens_total {float(cached)}" in metrics
+    assert third["usage"]["prompt_tokens_details"]["cached_tokens"] == third_prompt - 1
+    assert third_off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert f"jaxchat_prefix_cache_hit_tokens_total {float(cached + third_prompt - 1)}" in metrics
     assert second_off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert first_off["choices"][0]["message"]["tool_calls"][0]["function"] == msg_function(first)
     assert second_off["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]

@@ -181,3 +181,30 @@ def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
     got, _, _ = lm.forward(lm.params, jnp.asarray(ids, jnp.int32), jnp.arange(12, dtype=jnp.int32)[None],
                            *empty_cache(lm.config, 1, 16, jnp.float32))
     assert np.abs(np.asarray(got) - want).max() <= 1e-4
+
+
+def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
+    """The first load of a GGUF writes its dequantised tensors to the asset cache; the next load reads them
+    from there (dequantising is patched to fail) and gives the same params."""
+    import gguf.quants
+    import jax
+
+    from jaxchat.assets import asset_path
+    from jaxchat.models import gguf_loader
+
+    path = asset_path("smollm2-135m-instruct-q4_1.gguf")
+    monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
+    first = gguf_loader.load_gguf(path, tokenizer=False)
+    cache = gguf_loader.dequantized_cache_file(path)
+    assert cache.parent == tmp_path / "dequantized" and cache.exists()
+
+    def refuse(*a, **k):
+        raise AssertionError("dequantised again")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    second = gguf_loader.load_gguf(path, tokenizer=False)
+    assert jax.tree.structure(first.params) == jax.tree.structure(second.params)
+    for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    monkeypatch.setenv("JAXCHAT_DEQUANT_CACHE", "0")
+    assert gguf_loader.dequantized_cache_file(path) is None
