@@ -10,8 +10,8 @@ through transformers, the chat template from the `tokenizer.chat_template` metad
 
 Dequantising is slow (tens of seconds for a 0.5B model), so the first load of a GGUF file writes the
 dequantised float32 tensors (fix-ups applied, HF names) to
-`$JAXCHAT_CACHE/dequantized/<stem>-<size>-<mtime_ns>-v<version>.safetensors` and later loads read them from there
-(memory-mapped). JAXCHAT_DEQUANT_CACHE=0 turns the cache off; an unwritable cache only costs speed.
+`$JAXCHAT_CACHE/dequantized/<stem>-<size>-<mtime_ns>-v<version>.safetensors` (with the config and chat
+template as metadata) and later loads read them from there (memory-mapped), without parsing the GGUF. JAXCHAT_DEQUANT_CACHE=0 turns the cache off; an unwritable cache only costs speed.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def gguf_tokenizer(path: Path, template: str | None):
     return tok
 
 
-DEQUANT_CACHE_VERSION = 1  # bump when the fix-ups or names written to the cache change
+DEQUANT_CACHE_VERSION = 2  # bump when the fix-ups or names written to the cache change
 
 
 def dequantized_cache_file(path: Path) -> Path | None:
@@ -208,11 +208,11 @@ class _CacheWriter:
     (the layout is fixed up front, so nothing is held in memory), and publishes the file only when every
     tensor was written (`finish`). Any OSError turns it off: a read-only or full cache only costs speed."""
 
-    def __init__(self, file: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, file: Path, shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]) -> None:
         import json
 
         self.file, self.pending, self.offsets = file, set(shapes), {}
-        header, at = {}, 0
+        header, at = {"__metadata__": metadata}, 0
         for name, shape in shapes.items():
             size = 4 * int(np.prod(shape, dtype=np.int64))
             header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [at, at + size]}
@@ -250,6 +250,9 @@ class _CacheWriter:
         try:
             self.out.close()
             if not self.pending:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from other users
                 os.replace(self.tmp, self.file)
         except OSError:
             pass
@@ -263,35 +266,69 @@ class _CacheWriter:
             os.unlink(self.tmp)
 
 
-def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
-    import gguf
+def _config_json(cfg: ModelConfig) -> str:
+    import dataclasses
+    import json
+
+    return json.dumps(dataclasses.asdict(cfg))
+
+
+def _config_from_json(text: str) -> ModelConfig:
+    import json
+
+    return ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(text).items()})
+
+
+def _open_cache(cache: Path | None):
+    """The cache file's safetensors handle and metadata, or (None, None) when absent or unreadable."""
     from safetensors import safe_open
 
+    if cache is None or not cache.exists():
+        return None, None
+    try:
+        handle = safe_open(str(cache), framework="numpy")
+        meta = handle.metadata() or {}
+        if "config" not in meta:
+            raise ValueError("no config")
+        return handle, meta
+    except Exception:  # noqa: BLE001 - unreadable or damaged: dequantise again (and rewrite it)
+        return None, None
+
+
+def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
+    """A GGUF model; from the dequantised cache (config and chat template included) when there is one,
+    which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary)."""
+    import gguf
+
     path = Path(path)
-    reader = gguf.GGUFReader(str(path))
-    names = {t.name for t in reader.tensors}
-    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embd is None:
-        raise ModelLoadError(f"{path.name}: missing tensor 'token_embd.weight'")
-    cfg = config_from_gguf(reader, names, int(embd.shape[-1]))
-    arch = field(reader, "general.architecture")
-    heads = (cfg.num_heads, cfg.num_kv_heads)
     cache = dequantized_cache_file(path)
     desc = f"loading {path.name}"
-    if cache is not None and cache.exists():
-        with safe_open(str(cache), framework="numpy") as handle:
+    handle, meta = _open_cache(cache)
+    if handle is not None:
+        cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
+        with handle:
             graphdef, params = assemble(cfg, _cached_tensors(handle), dtype, mesh, where=str(cache), desc=desc)
     else:
+        reader = gguf.GGUFReader(str(path))
+        names = {t.name for t in reader.tensors}
+        embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        if embd is None:
+            raise ModelLoadError(f"{path.name}: missing tensor 'token_embd.weight'")
+        cfg = config_from_gguf(reader, names, int(embd.shape[-1]))
+        arch = field(reader, "general.architecture")
+        template = field(reader, "tokenizer.chat_template")
+        heads = (cfg.num_heads, cfg.num_kv_heads)
         tensors = {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
-        writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()}) if cache is not None else None
-        if writer is not None:
+        writer = None
+        if cache is not None:
+            writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
+                                  {"config": _config_json(cfg), "chat_template": template or ""})
             tensors = {n: writer.wrap(n, t) for n, t in tensors.items()}
         try:
             graphdef, params = assemble(cfg, tensors, dtype, mesh, where=path.name, desc=desc)
         finally:
             if writer is not None:
                 writer.finish()
-    template = field(reader, "tokenizer.chat_template")
     tok = gguf_tokenizer(path, template) if tokenizer else None
     return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
                        eos_token_ids=cfg.eos_token_ids, bos_token_id=cfg.bos_token_id, mesh=mesh, source=str(path))

@@ -184,8 +184,10 @@ def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
 
 
 def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
-    """The first load of a GGUF writes its dequantised tensors to the asset cache; the next load reads them
-    from there (dequantising is patched to fail) and gives the same params."""
+    """The first load of a GGUF writes its dequantised tensors (with the config and chat template) to the asset
+    cache; the next load reads them from there (dequantising and GGUF parsing are patched to fail) and gives
+    the same config, template and params."""
+    import gguf
     import gguf.quants
     import jax
 
@@ -202,7 +204,9 @@ def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
         raise AssertionError("dequantised again")
 
     monkeypatch.setattr(gguf.quants, "dequantize", refuse)
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
     second = gguf_loader.load_gguf(path, tokenizer=False)
+    assert second.config == first.config and second.chat_template == first.chat_template and first.chat_template
     assert jax.tree.structure(first.params) == jax.tree.structure(second.params)
     for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
