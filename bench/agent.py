@@ -51,7 +51,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from serve import free_port, stop_server, wait_healthy  # bench/serve.py (this directory is on sys.path)
+from serve import free_port, start_server, stop_server, wait_healthy  # bench/serve.py (this directory is on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 BAR = 0.3  # turns 2 and 3: TTFT with reuse <= BAR x TTFT without
@@ -248,15 +248,9 @@ def api_url(url: str) -> str:
 
 
 def launch(args, prefix_cache: bool, port: int, log: Path) -> subprocess.Popen:
-    """`jaxchat serve` of this checkout, as bench/serve.py starts it, plus the reuse switch and --serve-arg."""
-    cmd = [sys.executable, "-m", "jaxchat.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--max-batch", str(args.max_batch), "--max-context", str(args.max_context), "--log-level", "warning"]
-    cmd += ["--model", args.model] if args.model else []
-    cmd += [] if prefix_cache else ["--no-prefix-cache"]
-    cmd += [a for extra in args.serve_arg for a in shlex.split(extra)]
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
-    with open(log, "w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    """`jaxchat serve` as bench/serve.py starts it, plus the reuse switch and the --serve-args."""
+    extra = ([] if prefix_cache else ["--no-prefix-cache"]) + [a for x in args.serve_arg for a in shlex.split(x)]
+    return start_server(args, port, log, tuple(extra))
 
 
 def measure(args, side: str, url: str | None, logs: Path) -> dict:

@@ -110,13 +110,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, port: int, log_path: Path) -> subprocess.Popen:
+def start_server(args, port: int, log_path: Path, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`jaxchat serve` of this environment with the benchmark's shapes (and `extra` flags) on `port`."""
     exe = shutil.which("jaxchat", path=str(Path(sys.executable).parent))
     cmd = [exe] if exe else [sys.executable, "-m", "jaxchat.cli"]
     cmd += ["serve", "--host", "127.0.0.1", "--port", str(port), "--max-batch", str(args.max_batch),
             "--max-context", str(args.max_context), "--log-level", "warning"]
     if args.model:
         cmd += ["--model", args.model]
+    cmd += extra
     env = {**os.environ, "TQDM_DISABLE": "1"}
     with open(log_path, "w") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
