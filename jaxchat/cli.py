@@ -3,8 +3,10 @@
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
 OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
-`--no-compile-cache`) so the next start of the same model and shapes compiles nothing, and reusing the K/V of a
-prompt's prefix that an idle slot still holds (`--no-prefix-cache` turns that off); `jaxchat chat` is a terminal chat against a model or a server URL;
+`--no-compile-cache`; the step programs are also serialized whole under its `executables/` folder) so the
+next start of the same model and shapes neither traces nor compiles them, and reusing the K/V of a
+prompt's prefix that an idle slot still holds (`--no-prefix-cache` turns that off) and appending text the
+grammar forces without sampling it (`--no-jump-forward` turns that off); `jaxchat chat` is a terminal chat against a model or a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint. `--quantize int8` (serve, chat, convert) loads int8
 weights (W8A8; convert stores the int8 values and scales). Bad arguments exit with a clear message.
 """
@@ -41,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-constrain", action="store_true", help="disable grammar-constrained decoding")
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="prefill every prompt whole (default: reuse the K/V an idle slot holds of the prompt's prefix)")
+    serve.add_argument("--no-jump-forward", action="store_true",
+                       help="sample every token (default: text the grammar forces is appended without sampling)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -76,13 +80,17 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from jaxchat.engine.compile_cache import disable_compile_cache, enable_compile_cache
 
+    executables = None
     if args.no_compile_cache:
         disable_compile_cache()
     else:
-        logging.getLogger("jaxchat").info("Compilation cache: %s", enable_compile_cache(args.compile_cache))
+        cache = enable_compile_cache(args.compile_cache)
+        executables = cache / "executables"
+        logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
     service = build_chat_service(args.model, max_batch=args.max_batch, max_context=args.max_context,
                                  dtype=args.dtype, constrained=not args.no_constrain, quantize=args.quantize,
-                                 prefix_cache=not args.no_prefix_cache)
+                                 prefix_cache=not args.no_prefix_cache, executable_cache=executables,
+                                 jump_forward=not args.no_jump_forward)
     release_freed_memory()  # the loader's conversion buffers
     logging.getLogger("jaxchat").info("Serving %s on http://%s:%d/v1", service.model_id, args.host, args.port)
     try:

@@ -106,12 +106,13 @@ def test_convert_quantize_int8_stores_int8_weights_and_serve_chat_accept_the_fla
 
 
 @pytest.mark.parametrize("flags, enabled", [([], True), (["--compile-cache", "DIR"], True), (["--no-compile-cache"], False),
-                                            (["--no-prefix-cache"], True)])
+                                            (["--no-prefix-cache"], True), (["--no-jump-forward"], True)])
 def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
     """`serve` turns JAX's persistent compilation cache on (under the asset cache, or `--compile-cache DIR`)
     before the model loads, or off with `--no-compile-cache` even when the environment names a cache; the two
-    flags exclude each other. (A real warm start is tests/e2e/test_warm_start.py.) The engine's prefix cache
-    is on unless `--no-prefix-cache`."""
+    flags exclude each other; the serialized step programs are kept in its `executables/` folder, and not at
+    all without the cache. (A real warm start is tests/e2e/test_warm_start.py.) The engine's prefix cache
+    is on unless `--no-prefix-cache`, jump-forward unless `--no-jump-forward`."""
     import jax
 
     import jaxchat.api
@@ -130,6 +131,8 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
         seen["enabled"] = jax.config.jax_enable_compilation_cache
         seen["dir"] = jax.config.jax_compilation_cache_dir
         seen["prefix_cache"] = kwargs["prefix_cache"]
+        seen["executables"] = kwargs["executable_cache"]
+        seen["jump_forward"] = kwargs["jump_forward"]
         return Service()
 
     monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path / "assets"))
@@ -150,9 +153,13 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
             jax.config.update(name, value)
     assert seen["enabled"] is enabled and seen["closed"]
     assert seen["prefix_cache"] is ("--no-prefix-cache" not in flags)
+    assert seen["jump_forward"] is ("--no-jump-forward" not in flags)
     if enabled:
         expected = tmp_path / ("explicit" if "--compile-cache" in flags else "env-cache")  # the environment's directory is kept
         assert seen["dir"] == str(expected) and expected.is_dir()
+        assert seen["executables"] == expected / "executables"  # serialized programs live beside XLA's cache
+    else:
+        assert seen["executables"] is None
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--compile-cache", "x", "--no-compile-cache"])
     assert exc.value.code == 2

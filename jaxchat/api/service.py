@@ -278,7 +278,9 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
             "slots_busy": s["max_batch"] - s["free_slots"],
             "compiles": s["compile_count"],
             "compile_cache_hits": s.get("compile_cache_hits", 0),
+            "programs_loaded": s.get("programs_loaded", 0),
             "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
+            "jump_forward_tokens": s.get("jump_forward_tokens", 0),
         }
 
 

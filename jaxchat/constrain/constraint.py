@@ -6,6 +6,9 @@ Contract:
   allowed-token bitmask into `row` (numpy int32, the layout of `jaxchat.bitmask`; xgrammar writes
   it in place, no copy); `accept(token)` advances (False when the grammar rejected the token);
   `accept_forced(token)` advances by a token the model was made to emit; `is_terminated()`.
+- Jump-forward: `forced_text()` is the continuation the grammar admits as the only one (xgrammar's
+  jump-forward string); `accept_jumped(token)` advances by one token of it, or returns False and leaves
+  the state as it was when the grammar does not take that token id.
 - Reasoning switch: when the grammar has no reasoning block but reasoning starts anyway (the
   prefill opens it, or a forced token opens it), the constraint switches to the precompiled
   grammar that has one and replays the prefill and the accepted tokens into it.
@@ -137,6 +140,21 @@ class GrammarConstraint:
             return True
         self.give_up(f"forced token {token} rejected by the grammar")
         return False
+
+    def forced_text(self) -> str:
+        """The text the grammar admits as the only continuation from here ("" when there is a choice, or
+        when the constraint has given up): jump-forward appends it without sampling."""
+        if self.disabled or self._matcher.is_terminated():
+            return ""
+        return self._matcher.find_jump_forward_string()
+
+    def accept_jumped(self, token: int) -> bool:
+        """Advance by a token of `forced_text()`'s tokenisation; False (state unchanged, no give-up) when the
+        grammar does not take this token id, so the jump stops before it."""
+        if self.disabled or not self._matcher.accept_token(int(token)):
+            return False
+        self.history.append(int(token))
+        return True
 
     def is_terminated(self) -> bool:
         if self.disabled:

@@ -25,7 +25,10 @@ pyargs for LFM2): exact up to `any_order.MAX_ANY_ORDER` properties, any order wi
 many above, the declared order where the schema allows extra properties or constrains which key sets
 are valid; nested objects and the response_format's JSON keep the declared order. JSON arguments and
 content are bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then
-allows 6 fraction digits), whitespace runs to `MAX_WS` characters. Marker strings never appear
+allows 6 fraction digits), whitespace runs to `MAX_WS` characters. A strict json_schema response_format
+with no callable tools is written compact instead (keys in the declared order, no whitespace between
+tokens, as OpenAI's structured outputs write it), so every key and separator is forced text, which
+jump-forward appends without sampling. Marker strings never appear
 inside free text or strings.
 `RequestError` (400) for tool_choice required / named when the template leaves tools out of the
 prompt (`tools_enabled` false) or the format has no tool-call syntax (`plain`); auto drops them.
@@ -35,6 +38,9 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+
+import xgrammar as xgr
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
 from jaxchat.constrain.objects import any_order_arguments
@@ -227,10 +233,32 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
 def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
     excl = content_markers(spec, request)
     if request.response_format == "json_schema" and isinstance(request.json_schema, dict):
-        return _json(spec, request.json_schema, excludes=excl)
+        fmt = _json(spec, request.json_schema, excludes=excl)
+        compact = _compact_json_grammar(json.dumps(fmt, ensure_ascii=False)) if (
+            request.json_schema_strict and not request.callable_tools) else None
+        return fmt if compact is None else {"type": "grammar", "grammar": compact}
     if request.response_format in ("json_object", "json_schema"):
         return _json(spec, {"type": "object"}, excludes=excl)
     return None
+
+
+_WS_RULE = re.compile(r'^(\w+ ::= )\(\"\" \| \(\[ \\n\\r\\t\]\)\)$', re.M)
+
+
+@functools.lru_cache(maxsize=256)
+def _compact_json_grammar(fmt_json: str) -> str | None:
+    """A `_json` format's grammar with no whitespace between tokens: xgrammar's own grammar for the format at
+    one whitespace character per gap (every gap is then a rule `("" | ([ \n\r\t]))`), each gap rule made
+    empty. Strings, excludes and bounds stay as xgrammar built them. None (keep the format) where xgrammar
+    cannot build it (its error then comes from the format itself) or prints a gap of another shape."""
+    fmt = {**json.loads(fmt_json), "max_whitespace_cnt": 1}
+    try:
+        printed = str(xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": fmt},
+                                                                 ensure_ascii=False)))
+    except RuntimeError:
+        return None
+    compact, gaps = _WS_RULE.subn(r'\1("")', printed)
+    return compact if gaps and not re.search(r"\[ \\n\\r\\t\]", compact) else None
 
 
 def callable_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools_enabled: bool = True) -> tuple[dict, ...]:

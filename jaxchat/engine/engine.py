@@ -17,8 +17,12 @@ Contract:
   turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
   layers, every prompt is prefilled whole. Greedy outputs agree either way up to float rounding (a reused
   prefix's K/V came from other programs: decode steps, another prefill length).
+- `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
+  step (`scheduler`); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
+  the next engine on the same model and shapes loads them instead of tracing and compiling.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
-  prefix_cache_hit_tokens, compile_count, compiles_after_warmup, compile_cache_hits) for /metrics; `engine.shutdown()` stops the thread (idempotent).
+  prefix_cache_hit_tokens, jump_forward_tokens, compile_count, compiles_after_warmup, compile_cache_hits,
+  programs_loaded) for /metrics; `engine.shutdown()` stops the thread (idempotent).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -38,6 +43,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.engine.compiles import cache_hit_count, compile_count
+from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, mesh_platform, pow2_buckets
@@ -60,6 +66,8 @@ class Engine:
         min_prefill_bucket: int = 16,
         max_prefills_per_step: int = 4,
         prefix_cache: bool = True,
+        executable_cache: str | os.PathLike | None = None,
+        jump_forward: bool = True,
         warmup: bool = True,
         start: bool = True,
     ) -> None:
@@ -79,8 +87,10 @@ class Engine:
             length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
             span_buckets or default_span_buckets(max_context),
             keep_prefixes=prefix_cache,
+            executables=None if executable_cache is None else ExecutableStore(executable_cache, program_identity(model)),
         )
-        self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step)
+        self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step,
+                                   jump_forward=jump_forward)
         if warmup:
             self._warmup()
         self._compiles_at_ready = compile_count()
@@ -97,15 +107,18 @@ class Engine:
         from tqdm import tqdm
 
         t0, compiles, hits = time.perf_counter(), compile_count(), cache_hit_count()
-        with tqdm(desc="compiling programs", unit="program", leave=False) as bar:
+        store = self.runner.executables
+        with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
             def progress(done: int, total: int) -> None:
                 bar.total = total
                 bar.update(done - bar.n)
 
             self.runner.warmup(progress)
         compiled, loaded = compile_count() - compiles, cache_hit_count() - hits
-        log.info("Warm-up: %d programs in %.1f s (%d compiled, %d loaded from the compilation cache)",
-                 compiled, time.perf_counter() - t0, compiled - loaded, loaded)
+        deserialized = store.loaded if store is not None else 0
+        log.info("Warm-up: %d programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
+                 "as executables)", compiled + deserialized, time.perf_counter() - t0, compiled - loaded, loaded,
+                 deserialized)
 
     @classmethod
     def from_path(cls, path: str | None = None, *, dtype: str = "auto", max_batch: int = 16,
@@ -211,7 +224,9 @@ class Engine:
             "steps": s.steps,
             "generated_tokens": s.generated_tokens,
             "prefix_cache_hit_tokens": s.prefix_hit_tokens,
+            "jump_forward_tokens": s.forced_tokens,
             "compile_count": total,
             "compiles_after_warmup": total - self._compiles_at_ready,
             "compile_cache_hits": cache_hit_count(),
+            "programs_loaded": self.runner.executables.loaded if self.runner.executables is not None else 0,
         }

@@ -17,6 +17,11 @@ Contract:
   `ResidentPrefixes.plan` picks (swapped into place; the longest shared prefix copied in from another row
   when that row keeps its record) and prefills only the rest. The reused count is reported as
   `num_cached_tokens` on every output and summed in `prefix_hit_tokens`.
+- Jump-forward (`jump_forward`, for constraints with `forced_text`, requests without logprobs): when the
+  grammar admits exactly one continuation after a token, its tokens (as the tokenizer spells them after that
+  token, less the last) are taken without sampling: checked like sampled tokens, emitted as one delta,
+  counted in `forced_tokens`. After a prefill's prompt they ride in the prefill itself; after a sampled token
+  the row sits out the next decode and runs [token, *forced] in one extend step (`runner.extend`) instead.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxchat.engine.jump_forward import forced_token_ids
 from jaxchat.engine.prefix_cache import ResidentPrefixes
 from jaxchat.engine.sampler import SampleOut, SamplingArrays
 from jaxchat.engine.step import StepRunner, bucket_for
@@ -37,6 +43,7 @@ from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
 from jaxchat.engine.types import GenerationOutput, GenerationRequest, TokenLogprob
 
 Emit = Callable[[GenerationOutput], None]
+MAX_JUMP = 64  # forced tokens taken in one extend step (more come in the next)
 
 
 @dataclass(eq=False)
@@ -53,11 +60,12 @@ class _Seq:
     generated: int = 0
     finished: bool = False
     out_ids: list[int] = field(default_factory=list)
+    pending: list[int] | None = None  # jump-forward: the sampled token and forced tokens its extend step runs
 
 
 class Scheduler:
     def __init__(self, runner: StepRunner, tokenizer: Any, eos_token_ids: tuple[int, ...] = (),
-                 max_prefills_per_step: int = 4) -> None:
+                 max_prefills_per_step: int = 4, jump_forward: bool = True) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_token_ids)
@@ -77,6 +85,9 @@ class Scheduler:
         self.generated_tokens = 0
         self.prefix_hit_tokens = 0
         self.prefixes = ResidentPrefixes(b) if runner.keep_prefixes else None
+        self.jump_forward = jump_forward and tokenizer is not None
+        self.forced_tokens = 0
+        self._extends: list[_Seq] = []
 
     # ---- thread-safe entry points -----------------------------------------------------------------
     def submit(self, request: GenerationRequest, emit: Emit) -> None:
@@ -101,11 +112,13 @@ class Scheduler:
             self._aborts.clear()
         if aborts:
             self._apply_aborts(aborts)
+        if self._extends:
+            self._run_extends()
         admitted = 0
         while self.waiting and self.n_active < len(self.slots) and admitted < self.max_prefills_per_step:
             self._admit(self.waiting.popleft())
             admitted += 1
-        if self.n_active:
+        if self.n_active and (self.positions[: self.n_active] >= 0).any():
             self._decode()
         self.steps += 1
 
@@ -117,6 +130,7 @@ class Scheduler:
         for seq in [s for s in self.slots[: self.n_active] if s is not None] + list(self.waiting):
             self._finish(seq, "error", error=message)
         self.waiting.clear()
+        self._extends.clear()
         self._compact()
         if self.prefixes is not None:  # a failed step may have left any row's K/V half written
             self.prefixes = ResidentPrefixes(len(self.slots))
@@ -156,9 +170,13 @@ class Scheduler:
         start = self._take_prefix(slot, req.prompt_ids)
         seq.cached = start
         self.prefix_hit_tokens += start
+        forced = self._jump(seq, req.prompt_ids[-1])  # text the grammar forces first rides in the prefill
+        if seq.finished:
+            self._compact()
+            return
         sp1 = SamplingArrays(*(a[slot : slot + 1] for a in self.sp))
-        out = r.prefill(slot, req.prompt_ids, self.bitmask[slot : slot + 1], sp1, start)
-        seq.written = n
+        out = r.prefill(slot, [*req.prompt_ids, *forced], self.bitmask[slot : slot + 1], sp1, start, prompt_len=n)
+        seq.written = n + len(forced)
         self._on_token(seq, out, 0)
         self._compact()
 
@@ -196,10 +214,11 @@ class Scheduler:
     def _decode(self) -> None:
         b = bucket_for(self.n_active, self.runner.batch_buckets)
         sp = SamplingArrays(*(a[:b] for a in self.sp))
+        ran = self.positions[:b] >= 0  # rows waiting for an extend step sit this one out
         out = self.runner.decode(self.tokens[:b], self.positions[:b], self.bitmask[:b], sp)
         for i in range(self.n_active):
             seq = self.slots[i]
-            if seq is not None and not seq.finished:
+            if seq is not None and not seq.finished and ran[i]:
                 seq.written = int(self.positions[i]) + 1
                 self._on_token(seq, out, i)
         self._compact()
@@ -232,12 +251,80 @@ class Scheduler:
         self.positions[slot] = seq.pos
         self.sp.step[slot] = seq.generated
         seq.pos += 1
+        forced = self._jump(seq, tok)
+        if forced and not seq.finished:  # this row runs [tok, *forced] in an extend step instead of a decode
+            self.positions[slot] = -1
+            self.sp.step[slot] = seq.generated
+            seq.pending = [tok, *forced]
+            self._extends.append(seq)
 
-    def _advance(self, seq: _Seq, tok: int) -> tuple[str, str | None, str | int | None]:
-        """Feed one token through constraint, stop checks and detokeniser; may fill the next mask."""
+    # ---- jump-forward ---------------------------------------------------------------------------
+    def _jump(self, seq: _Seq, prev: int) -> list[int]:
+        """Take the text the grammar forces after `prev` (the last token the model sees) without sampling, as
+        `jump_forward.forced_token_ids` tokenises it, at most MAX_JUMP tokens. Each forced
+        token goes through the same constraint, stop and length checks as a sampled one; their text is
+        emitted as one delta and the mask is filled for the token after them. May finish the request."""
+        c = seq.req.constraint
+        if not self.jump_forward or seq.req.sampling.logprobs is not None or not hasattr(c, "forced_text"):
+            return []
+        try:
+            ids = self._forced_ids(prev, c.forced_text())
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self._finish(seq, "error", error=f"{type(e).__name__}: {e}")
+            return []
+        room = min(MAX_JUMP, seq.req.sampling.max_tokens - seq.generated, self.runner.max_context - 1 - seq.pos)
+        forced: list[int] = []
+        pieces: list[str] = []
+        for tok in ids[: max(room, 0)]:
+            if not c.accept_jumped(tok):
+                break
+            forced.append(tok)
+            seq.generated += 1
+            seq.out_ids.append(tok)
+            seq.pos += 1
+            self.generated_tokens += 1
+            self.forced_tokens += 1
+            try:
+                text, reason, stop_reason = self._advance(seq, tok, accepted=True, fill=False)
+            except Exception as e:  # noqa: BLE001
+                self._finish(seq, "error", error=f"{type(e).__name__}: {e}", token_ids=forced)
+                return forced
+            pieces.append(text)
+            if reason is not None:
+                self._finish(seq, reason, stop_reason=stop_reason, text="".join(pieces), token_ids=forced)
+                return forced
+        if forced:
+            c.fill_mask(self.bitmask[seq.slot])
+            seq.emit(GenerationOutput(seq.req.request_id, forced, "".join(pieces),
+                                      num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated,
+                                      num_cached_tokens=seq.cached))
+        return forced
+
+    def _forced_ids(self, prev: int, text: str) -> list[int]:
+        tok = self.tokenizer
+        return forced_token_ids(lambda s: tok.encode(s, add_special_tokens=False), tok.decode, prev, text)
+
+    def _run_extends(self) -> None:
+        """One extend step per row that jumped: its last sampled token and the forced tokens, then sample."""
+        pending, self._extends = self._extends, []
+        for seq in pending:
+            if seq.finished or not seq.pending:
+                continue
+            tokens, seq.pending = seq.pending, None
+            slot = seq.slot
+            sp1 = SamplingArrays(*(a[slot : slot + 1] for a in self.sp))
+            out = self.runner.extend(slot, tokens, seq.pos - len(tokens), self.bitmask[slot : slot + 1], sp1)
+            seq.written = seq.pos
+            self._on_token(seq, out, 0)
+        self._compact()
+
+    def _advance(self, seq: _Seq, tok: int, *, accepted: bool = False,
+                 fill: bool = True) -> tuple[str, str | None, str | int | None]:
+        """Feed one token through constraint, stop checks and detokeniser; may fill the next mask (`fill`).
+        `accepted`: the constraint already took the token (a forced one)."""
         req, s = seq.req, seq.req.sampling
         c = req.constraint
-        if c is not None:
+        if c is not None and not accepted:
             # False means the grammar rejected the token: the constraint has given up (and logged
             # it), masks all ones from now on, and the request goes on unconstrained.
             c.accept(tok)
@@ -250,7 +337,7 @@ class Scheduler:
             return text + self._flush(seq), "stop", None
         if seq.generated >= s.max_tokens or seq.pos >= self.runner.max_context:
             return text + self._flush(seq), "length", None
-        if c is not None:
+        if c is not None and fill:
             c.fill_mask(self.bitmask[seq.slot])
         return text, None, None
 

@@ -11,10 +11,13 @@ Contract:
   `b`: one forward token per row (position -1 = idle row: nothing written, output ignored), then the
   masked sampler (`sampler.sample`) in the same XLA program; counts of active rows are updated. Bitmasks
   have the layout of `jaxchat.bitmask`, W = `mask_words(V)` words per row.
-- `prefill(slot, prompt_ids, bitmask[1, W], sampling[1], start=0)` runs the prompt from position `start`
-  on (positions 0..start-1 of `slot` must already hold the K/V of prompt_ids[:start]: a reused prefix),
-  padded to a length bucket, writes its K/V into `slot`, resets the slot's counts and sets its prompt mask
-  to the whole prompt, and samples the first token through the same masked sampler.  `move(src, dst)`
+- `prefill(slot, prompt_ids, bitmask[1, W], sampling[1], start=0, prompt_len=None)` runs the prompt from
+  position `start` on (positions 0..start-1 of `slot` must already hold the K/V of prompt_ids[:start]: a
+  reused prefix), padded to a length bucket, writes its K/V into `slot`, resets the slot's counts and sets
+  its prompt mask to prompt_ids[:prompt_len] (tokens after it are forced output text, counted), and samples
+  the first token through the same masked sampler. `extend(slot, tokens, start, bitmask, sampling)` runs
+  several tokens into a running row through the same program (jump-forward), keeping the row's counts and
+  prompt mask.  `move(src, dst)`
   copies one slot's rows and `swap(a, b)` exchanges two (the scheduler keeps active slots compact).
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket ahead of time (lowered for the exact
   arguments a call passes, not run); after it, no call compiles anything.  Sampling parameters are arrays.
@@ -51,6 +54,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.bitmask import mask_words
+from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 from jaxchat.models.base import StepModel
 
@@ -148,6 +152,7 @@ class StepRunner:
         length_buckets: Sequence[int],
         span_buckets: Sequence[int] | None = None,
         keep_prefixes: bool = False,
+        executables: ExecutableStore | None = None,
     ) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         # reuse idle rows' prefixes (the scheduler's prefix cache): only where the model's cache is positional
@@ -161,6 +166,8 @@ class StepRunner:
         self.span_buckets = spans
         self.mesh = mesh
         self.layout = model.layout
+        self.executables = executables
+        self._compiled: dict[tuple, Any] = {}  # program key -> its executable, from warmup()
         rep = NamedSharding(mesh, P())
         params = model.params
         cache_k, cache_v = model.new_cache(self.max_batch, self.max_context, self.span_buckets)
@@ -196,7 +203,7 @@ class StepRunner:
         self._prefill = jax.jit(
             self._prefill_impl,
             donate_argnums=(1,),
-            in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep, rep),
+            in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep, rep, rep, rep),
             out_shardings=(state_sh, rep),
         )
         self._move = jax.jit(functools.partial(self._move_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
@@ -209,13 +216,19 @@ class StepRunner:
         return decode_step(params, state, tokens, positions, bitmask, sp, forward=self._forward,
                            valid_vocab=self.valid_vocab, max_batch=self.max_batch, span=span)
 
-    def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, pmask, bitmask, sp):
-        # Writes the prompt's K/V straight into row `slot`; logits only at the last prompt token.
+    def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, pmask, bitmask, sp,
+                      count_from, extend):
+        # Writes the tokens' K/V straight into row `slot`; logits only at the last token. Tokens at positions
+        # >= count_from are outputs (forced text), counted for the penalties; `extend` keeps the row's counts
+        # and prompt mask (a running row), else they start from zero and `pmask`.
         params, _ = split_vocab_major_head(params)
         logits, ck, cv = self._forward(params, tokens, positions, state.cache_k, state.cache_v, row_offset=slot,
                                        logits_index=jnp.reshape(length - 1, (1,)))
         last = logits[:, 0]
-        counts = jnp.zeros((1, self.vocab_size), jnp.int32)
+        row_counts = jax.lax.dynamic_slice_in_dim(state.counts, slot, 1, axis=0)
+        pmask = jnp.where(extend, jax.lax.dynamic_slice_in_dim(state.prompt_mask, slot, 1, axis=0), pmask)
+        counted = (positions[0] >= count_from) & (jnp.arange(tokens.shape[1]) < length)
+        counts = jnp.where(extend, row_counts, 0).at[0, tokens[0]].add(counted.astype(jnp.int32))
         out = sample(last, bitmask, counts, pmask, sp, self.valid_vocab)
         counts = counts.at[0, out.tokens[0]].add(1)
         return DecodeState(
@@ -253,46 +266,66 @@ class StepRunner:
 
     # ---- host entry points ----------------------------------------------------------------------
     def _decode_call(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays):
-        """(the decode program for these rows, its arguments): the smallest span above every row's position."""
+        """(program key, the decode program for these rows, its arguments): the smallest span above every row's
+        position."""
         span = bucket_for(int(np.max(positions, initial=0)) + 1, self.span_buckets)
-        return self._decodes[span], (self.params, self.state, tokens, positions, bitmask, sp)
+        return ("decode", span, len(tokens)), self._decodes[span], (self.params, self.state, tokens, positions,
+                                                                     bitmask, sp)
 
     def _prefill_call(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays,
-                      start: int = 0):
-        """(the prefill program, its arguments): prompt[start:] at positions start.., padded to its length
-        bucket; the prompt mask covers the whole prompt."""
-        n = len(prompt) - start
-        if not 0 < n <= self.length_buckets[-1] or start < 0:
-            raise ValueError(f"prompt length {n} (from position {start}) is outside 1..{self.length_buckets[-1]}")
-        t = bucket_for(n, self.length_buckets)
-        tokens = np.zeros((1, t), np.int32)
-        tokens[0, :n] = prompt[start:]
-        positions = np.full((1, t), -1, np.int32)
-        positions[0, :n] = np.arange(start, start + n, dtype=np.int32)
-        ids = np.asarray(prompt, np.int64)
+                      start: int = 0, prompt_len: int | None = None):
+        """(program key, the prefill program, its arguments): prompt[start:] at positions start.., padded to its
+        length bucket; the prompt mask covers prompt[:prompt_len] (all of it by default), and tokens from
+        prompt_len on are counted as outputs (forced text appended to the prompt)."""
+        prompt_len = len(prompt) if prompt_len is None else prompt_len
+        ids = np.asarray(prompt[:prompt_len], np.int64)
         pmask = np.zeros((1, self.vocab_size), np.bool_)
         pmask[0, ids[(ids >= 0) & (ids < self.vocab_size)]] = True
-        return self._prefill, (self.params, self.state, np.int32(slot), tokens, positions, np.int32(n), pmask,
-                               bitmask, sp)
+        return self._chunk_call(slot, prompt[start:], start, bitmask, sp, pmask, prompt_len, extend=False)
+
+    def _chunk_call(self, slot: int, tokens: Sequence[int], start: int, bitmask: np.ndarray, sp: SamplingArrays,
+                    pmask: np.ndarray, count_from: int, extend: bool):
+        n = len(tokens)
+        if not 0 < n <= self.length_buckets[-1] or start < 0 or start + n > self.max_context:
+            raise ValueError(f"{n} tokens from position {start} do not fit 1..{self.length_buckets[-1]} tokens "
+                             f"within the context of {self.max_context}")
+        t = bucket_for(n, self.length_buckets)
+        padded = np.zeros((1, t), np.int32)
+        padded[0, :n] = tokens
+        positions = np.full((1, t), -1, np.int32)
+        positions[0, :n] = np.arange(start, start + n, dtype=np.int32)
+        return ("prefill", t), self._prefill, (self.params, self.state, np.int32(slot), padded, positions,
+                                               np.int32(n), pmask, bitmask, sp, np.int32(count_from),
+                                               np.bool_(extend))
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
         """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
         Attention reads the smallest span bucket above every row's position."""
-        program, args = self._decode_call(tokens, positions, bitmask, sp)
-        self.state, out = program(*args)
+        key, program, args = self._decode_call(tokens, positions, bitmask, sp)
+        self.state, out = self._compiled.get(key, program)(*args)
         return SampleOut(*(np.asarray(x) for x in out))
 
     def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays,
-                start: int = 0) -> SampleOut:
-        program, args = self._prefill_call(slot, prompt, bitmask, sp, start)
-        self.state, out = program(*args)
+                start: int = 0, prompt_len: int | None = None) -> SampleOut:
+        key, program, args = self._prefill_call(slot, prompt, bitmask, sp, start, prompt_len)
+        self.state, out = self._compiled.get(key, program)(*args)
+        return SampleOut(*(np.asarray(x) for x in out))
+
+    def extend(self, slot: int, tokens: Sequence[int], start: int, bitmask: np.ndarray,
+               sp: SamplingArrays) -> SampleOut:
+        """Run several tokens into a running row at positions start.. (the last sampled token, then forced text)
+        in one step of the prefill program, and sample the next token; the row keeps its prompt mask, and its
+        counts gain every token but the first (counted when it was sampled)."""
+        pmask = np.zeros((1, self.vocab_size), np.bool_)  # unused: the row keeps its own
+        key, program, args = self._chunk_call(slot, tokens, start, bitmask, sp, pmask, start + 1, extend=True)
+        self.state, out = self._compiled.get(key, program)(*args)
         return SampleOut(*(np.asarray(x) for x in out))
 
     def move(self, src: int, dst: int) -> None:
-        self.state = self._move(self.state, np.int32(src), np.int32(dst))
+        self.state = self._compiled.get(("move",), self._move)(self.state, np.int32(src), np.int32(dst))
 
     def swap(self, a: int, b: int) -> None:
-        self.state = self._swap(self.state, np.int32(a), np.int32(b))
+        self.state = self._compiled.get(("swap",), self._swap)(self.state, np.int32(a), np.int32(b))
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile every bucket ahead of time: each program is lowered and compiled for exactly the arguments
@@ -310,10 +343,14 @@ class StepRunner:
         sp1, mask1 = SamplingArrays.numpy(1), np.zeros((1, self.mask_words), np.int32)
         for t in self.length_buckets:
             calls.append(self._prefill_call(0, [0] * min(t, self.max_context - 1), mask1, sp1))
-        calls.append((self._move, (self.state, np.int32(0), np.int32(0))))
+        calls.append((("move",), self._move, (self.state, np.int32(0), np.int32(0))))
         if self.keep_prefixes and self.max_batch > 1:
-            calls.append((self._swap, (self.state, np.int32(0), np.int32(1))))
-        for i, (program, args) in enumerate(calls):
-            program.lower(*args).compile()
+            calls.append((("swap",), self._swap, (self.state, np.int32(0), np.int32(1))))
+        for i, (key, program, args) in enumerate(calls):
+            if self.executables is None:
+                self._compiled[key] = program.lower(*args).compile()
+            else:
+                identity = f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}"
+                self._compiled[key] = self.executables.load_or_compile(identity, program, args)
             if progress is not None:
                 progress(i + 1, len(calls))

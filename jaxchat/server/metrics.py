@@ -12,10 +12,12 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
 * `stream_disconnects_total`: streams the client left early; `streams_active`: open SSE streams;
 * gauges from `service.stats()`: `requests_running`, `requests_waiting`, `batch_slots_total`,
   `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles` (XLA compiles in the process, persistent-cache
-  loads included), `compile_cache_hits` (those the persistent compilation cache answered), plus `service_<key>` for any
+  loads included), `compile_cache_hits` (those the persistent compilation cache answered), `programs_loaded`
+  (step programs loaded as serialized executables: neither traced nor compiled), plus `service_<key>` for any
   other numeric entry;
-* `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache (a counter fed
-  from the service's running total `prefix_cache_hit_tokens`).
+* `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache;
+  `jump_forward_tokens_total`: output tokens a grammar forced, appended without sampling (counters fed from
+  the service's running totals `prefix_cache_hit_tokens` and `jump_forward_tokens`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _KNOWN_STATS = {
     "slots_busy": "batch_slots_busy",
     "compiles": "compiles",
     "compile_cache_hits": "compile_cache_hits",
+    "programs_loaded": "programs_loaded",
 }
 
 
@@ -70,10 +73,14 @@ class Metrics:
         self.disconnects = Counter("jaxchat_stream_disconnects", "Streams ended early by the client", registry=r)
         self.streams_active = Gauge("jaxchat_streams_active", "Open SSE streams", registry=r)
         self.occupancy = Gauge("jaxchat_batch_occupancy", "Busy batch slots / total slots", registry=r)
-        self.prefix_hits = Counter("jaxchat_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache",
-                                   registry=r)
-        self._prefix_hits_seen = 0
-        self._stat_gauges: dict[str, Gauge] = {"prefix_cache_hit_tokens": None}  # a counter, not a gauge
+        self._totals = {  # service running totals exported as counters: stat key -> (counter, value seen)
+            "prefix_cache_hit_tokens": [Counter("jaxchat_prefix_cache_hit_tokens",
+                                                "Prompt tokens reused from the prefix cache", registry=r), 0],
+            "jump_forward_tokens": [Counter("jaxchat_jump_forward_tokens",
+                                            "Output tokens a grammar forced, appended without sampling",
+                                            registry=r), 0],
+        }
+        self._stat_gauges: dict[str, Gauge] = dict.fromkeys(self._totals)  # counters, not gauges
         for key, name in _KNOWN_STATS.items():
             self._gauge(key, name)
 
@@ -124,10 +131,11 @@ class Metrics:
                 gauge = self._gauge(key)
                 if gauge is not None:
                     gauge.set(value)
-        hits = stats.get("prefix_cache_hit_tokens")
-        if isinstance(hits, int) and hits > self._prefix_hits_seen:
-            self.prefix_hits.inc(hits - self._prefix_hits_seen)
-            self._prefix_hits_seen = hits
+        for key, seen in self._totals.items():
+            value = stats.get(key)
+            if isinstance(value, int) and value > seen[1]:
+                seen[0].inc(value - seen[1])
+                seen[1] = value
         total, busy = stats.get("slots_total"), stats.get("slots_busy")
         if isinstance(total, (int, float)) and isinstance(busy, (int, float)) and total > 0:
             self.occupancy.set(busy / total)

@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxchat.chat import chat_constraint_request_from_openai
 from jaxchat.constrain import GrammarEngine
+from jaxchat.engine.jump_forward import forced_token_ids
 
 # Markers of llama3_json, mistral and deepseek_v3 added to the Qwen2.5 tokenizer for the walks (see conftest).
 ADDED_STOPS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<｜end▁of▁sentence｜>")
@@ -142,6 +143,8 @@ RESPONSE_FORMATS = {
     "text": None,
     "json_object": {"type": "json_object"},
     "json_schema": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+    # strict and no callable tools: one compact layout, so keys and separators are forced text
+    "json_schema_strict": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}},
 }
 
 
@@ -164,13 +167,17 @@ def _bit(row: np.ndarray, i: int) -> bool:
 
 
 def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Generator, max_steps: int,
-         reasoning_end: list[int] | None = None, closing: list[list[int]] = ()):
-    """Returns (token ids, finished) where finished means terminated or an end-of-turn token."""
+         reasoning_end: list[int] | None = None, closing: list[list[int]] = (), jump_after: int | None = None):
+    """Returns (token ids, finished) where finished means terminated or an end-of-turn token.
+    `jump_after` (a token id: the prompt's last): jump-forward as the engine does it, after that token and
+    after every chosen one, the forced text's tokens (`forced_token_ids`) taken without choosing."""
     n = vocab.engine.vocab_size
     row = np.zeros((n + 31) // 32, dtype=np.int32)
     closers = vocab.closers()
     ids: list[int] = []
     queue: list[int] = []
+    if jump_after is not None and _jump(vocab, constraint, jump_after, ids):
+        return ids, True
     while len(ids) < max_steps:
         if constraint.is_terminated():
             return ids, True
@@ -187,7 +194,23 @@ def walk(vocab: Vocab, constraint, markers: list[list[int]], rng: np.random.Gene
         ids.append(token)
         if token in vocab.stops:
             return ids, True
+        if jump_after is not None and _jump(vocab, constraint, token, ids):
+            return ids, True
     return ids, False
+
+
+def _jump(vocab: Vocab, constraint, prev: int, ids: list[int]) -> bool:
+    """Append the tokens the grammar forces after `prev` (as the engine's jump-forward takes them); True when
+    one of them ends the turn."""
+    if constraint.is_terminated():
+        return False
+    for token in forced_token_ids(vocab.encode, vocab.decode, prev, constraint.forced_text()):
+        if not constraint.accept_jumped(token):
+            break
+        ids.append(token)
+        if token in vocab.stops:
+            return True
+    return False
 
 
 def _step(vocab, constraint, row, markers, closers, ids, rng, reasoning_end, queue) -> int:

@@ -5,7 +5,9 @@ every walk's text must parse with `chat_parse` into calls whose names satisfy th
 arguments validate against the tool's schema (no key twice), and into JSON content that validates
 under json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
 combination covered, the whole tests/constrain directory in about 2 minutes on 2 cores; the
-acceptance run uses 200). Seeds are a CRC of the combination, so a failure reproduces.
+acceptance run uses 200). Seeds are a CRC of the combination, so a failure reproduces. Every odd walk
+jumps forward as the engine does (`jaxchat.engine.jump_forward`): the text the grammar forces is taken
+whole, tokenised as the tokenizer spells it, so jump-forward's outputs are held to the same checks.
 `test_walks_write_arguments_in_any_order` checks that the walks do write a named call's arguments
 in orders other than the declared one (the tools' properties may come in any order).
 """
@@ -47,8 +49,8 @@ FORMATS = [
 COMBOS = [
     (mode, rf)
     for mode in ("auto", "required", "named", "allowed", "none", "auto_single", "required_single")
-    for rf in ("text", "json_object", "json_schema")
-    if rf == "text" or mode in ("auto", "none")
+    for rf in ("text", "json_object", "json_schema", "json_schema_strict")
+    if rf == "text" or mode in ("auto", "none") and (rf != "json_schema_strict" or mode == "none")
 ]
 
 
@@ -120,7 +122,9 @@ def test_walk_agrees_with_parser(vocab, kind, reasoning, vocab_name, mode, rf, t
     for i in range(WALKS):
         constraint = v.engine.make(spec, request, prefill)
         end = v.encode(spec.reasoning_end) if spec.reasoning_end else None
-        ids, finished = walk(v, constraint, markers, np.random.default_rng(seed + i), MAX_STEPS, end, closing)
+        jump_after = v.encode(prefill or "\n")[-1] if i % 2 else None  # odd walks jump forward as the engine does
+        ids, finished = walk(v, constraint, markers, np.random.default_rng(seed + i), MAX_STEPS, end, closing,
+                             jump_after)
         assert not constraint.disabled, constraint.given_up_reason
         text = output_text(v, ids)
         full = ("" if kind == "harmony" else prefill) + text

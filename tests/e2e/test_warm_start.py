@@ -2,8 +2,9 @@
 directory compiles its programs the first time and loads every one of them from that cache the second time.
 
 Each start runs as a subprocess until /health answers; its `/metrics` gives the XLA compiles of the whole
-process (`jaxchat_compiles`, cache loads included) and the persistent-cache hits among them
-(`jaxchat_compile_cache_hits`). (`--no-compile-cache` is tested in tests/test_cli.py, without a model.)
+process (`jaxchat_compiles`, cache loads included), the persistent-cache hits among them
+(`jaxchat_compile_cache_hits`) and the step programs loaded as serialized executables, neither traced nor
+compiled (`jaxchat_programs_loaded`). (`--no-compile-cache` is tested in tests/test_cli.py, without a model.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: 
             text = r.read().decode()
     finally:
         stop(proc, timeout=60)
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits) (\S+)$", text, re.M)}
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits|programs_loaded) (\S+)$", text, re.M)}
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,11 @@ def model(tmp_path_factory) -> Path:
 def test_second_start_on_one_cache_compiles_nothing(model, tmp_path):
     cache = tmp_path / "xla-cache"
     cold = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "cold.log")
-    assert cold["compiles"] > 0 and cold["compile_cache_hits"] == 0, cold
-    assert any(cache.iterdir())
+    assert cold["compiles"] > 0 and cold["compile_cache_hits"] == 0 and cold["programs_loaded"] == 0, cold
+    programs = int(re.search(r"Warm-up: (\d+) programs", (tmp_path / "cold.log").read_text()).group(1))
+    assert programs >= 5 and len(list((cache / "executables").glob("*.xla"))) == programs
     warm = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "warm.log")
-    assert warm["compiles"] >= cold["compiles"] * 0.9, (cold, warm)  # the same programs were asked for ...
-    assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and every one came from the cache
-    assert "0 compiled" in (tmp_path / "warm.log").read_text()
+    assert warm["programs_loaded"] == programs, (programs, warm)  # every step program came back from disk ...
+    assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and whatever else XLA compiled was cached
+    assert re.search(rf"Warm-up: {programs} programs in [0-9.]+ s \(0 compiled", (tmp_path / "warm.log").read_text())
+

@@ -1,0 +1,129 @@
+"""Serialized XLA executables of the step programs: a warm start loads them from disk instead of tracing,
+lowering and compiling each one again.
+
+Contract: `ExecutableStore(directory, identity)` keeps one file per program under `directory`.
+`store.load_or_compile(name, program, args)` returns a `jax.stages.Compiled` for the jitted `program` called
+with `args`: deserialized from its file when one exists for the same key, else lowered and compiled
+(JAX's persistent compilation cache may still answer the compile), then written for the next start.
+The key hashes everything a program's executable depends on: `identity` (what the caller's traced code
+closes over: model config, dtype, constants), `name` (which program, with its static options), the abstract
+signature of `args` (tree structure, shapes, dtypes, shardings), the jax and jaxlib versions, the backend and
+its devices, and a digest of jaxchat's own sources, so an edit to the code never loads a stale program.
+A file that cannot be read or loaded is replaced by a fresh compile; a program that cannot be serialized is
+simply compiled each start. Files are written atomically (a temporary file, then a rename).
+`store.loaded` / `store.saved` count programs loaded from and written to disk.
+
+Loading executes what the file holds (pickle), so the directory must be as trusted as the code itself: it
+lives under the user's own asset cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jaxlib
+import numpy as np
+from jax.experimental import serialize_executable
+
+log = logging.getLogger(__name__)
+_FORMAT = 1
+
+
+@functools.cache
+def source_digest() -> str:
+    """sha256 over every Python source of the jaxchat package (paths and contents)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _leaf_signature(x: Any) -> str:
+    if isinstance(x, jax.Array):
+        return f"{x.shape}/{x.dtype}/{x.weak_type}/{x.sharding}"
+    if isinstance(x, (np.ndarray, np.generic)):
+        return f"{x.shape}/{x.dtype}/np"
+    return f"{type(x).__name__}:{x!r}"
+
+
+def args_signature(args: tuple) -> str:
+    leaves, tree = jax.tree.flatten(args)
+    return f"{tree}|" + ";".join(map(_leaf_signature, leaves))
+
+
+def _backend_signature() -> str:
+    devices = jax.devices()
+    return f"{jax.default_backend()}|{devices[0].client.platform_version}|" + ",".join(
+        f"{d.id}:{d.device_kind}:{d.process_index}" for d in devices)
+
+
+class ExecutableStore:
+    def __init__(self, directory: str | os.PathLike, identity: str) -> None:
+        self.directory = Path(directory)
+        self.identity = identity
+        self.loaded = 0
+        self.saved = 0
+
+    def key(self, name: str, args: tuple) -> str:
+        h = hashlib.sha256()
+        for part in (str(_FORMAT), jax.__version__, jaxlib.__version__, _backend_signature(), source_digest(),
+                     self.identity, name, args_signature(args)):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def load_or_compile(self, name: str, program: Any, args: tuple) -> jax.stages.Compiled:
+        path = self.directory / f"{self.key(name, args)}.xla"
+        compiled = self._load(path, args)
+        if compiled is not None:
+            self.loaded += 1
+            return compiled
+        compiled = program.lower(*args).compile()
+        self._save(path, compiled)
+        return compiled
+
+    def _load(self, path: Path, args: tuple) -> jax.stages.Compiled | None:
+        if not path.exists():
+            return None
+        try:
+            with path.open("rb") as f:
+                blob, out_example = pickle.load(f)
+            in_tree = jax.tree.structure((args, {}))
+            return serialize_executable.deserialize_and_load(blob, in_tree, jax.tree.structure(out_example))
+        except Exception as exc:  # noqa: BLE001  (a damaged or foreign file: compile again and overwrite it)
+            log.warning("could not load the compiled program %s (%s: %s); compiling it", path.name,
+                        type(exc).__name__, exc)
+            return None
+
+    def _save(self, path: Path, compiled: jax.stages.Compiled) -> None:
+        try:
+            blob, _, out_tree = serialize_executable.serialize(compiled)
+            out_example = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
+            payload = pickle.dumps((blob, out_example))
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+            os.replace(tmp, path)
+            self.saved += 1
+        except Exception as exc:  # noqa: BLE001  (not serializable, or the disk said no: only the next start pays)
+            log.warning("could not save the compiled program %s (%s: %s)", path.name, type(exc).__name__, exc)
+
+
+def program_identity(model: Any) -> str:
+    """What a model's traced forward closes over, as text: its class, config, dtype, quantisation and layout
+    flags (the params themselves are arguments, so their shapes are in each program's signature)."""
+    parts = (type(model).__module__, type(model).__qualname__, repr(getattr(model, "config", None)),
+             str(getattr(model, "dtype", None)), str(getattr(model, "quantize", None)),
+             str(getattr(model, "stacked", None)))
+    return "|".join(parts)

@@ -1,0 +1,76 @@
+"""`ExecutableStore`: a program compiled once is loaded from its file by the next store on the same directory
+and computes the same outputs as the jitted function; the key separates identities, argument shapes and
+shardings; a damaged file is compiled again and rewritten. (A whole warm `jaxchat serve` start is
+tests/e2e/test_warm_start.py.)"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxchat.engine.executables import ExecutableStore, args_signature
+
+
+class State(NamedTuple):
+    total: jax.Array
+    steps: jax.Array
+
+
+def _step(state: State, x, scale):
+    total = state.total + x * scale
+    return State(total, state.steps + 1), {"mean": jnp.mean(total), "max": jnp.max(total)}
+
+
+PROGRAM = jax.jit(_step, donate_argnums=(0,))
+
+
+def _args(n: int = 8):
+    return State(jnp.arange(n, dtype=jnp.float32), jnp.zeros((), jnp.int32)), np.ones(n, np.float32), np.float32(2.0)
+
+
+def test_a_second_store_loads_the_program_and_computes_the_same(tmp_path):
+    first = ExecutableStore(tmp_path, "model-a")
+    compiled = first.load_or_compile("step", PROGRAM, _args())
+    assert (first.loaded, first.saved) == (0, 1) and len(list(tmp_path.glob("*.xla"))) == 1
+    second = ExecutableStore(tmp_path, "model-a")
+    loaded = second.load_or_compile("step", PROGRAM, _args())
+    assert (second.loaded, second.saved) == (1, 0)
+    expected = PROGRAM(*_args())
+    for out in (compiled(*_args()), loaded(*_args())):
+        assert jax.tree.structure(out) == jax.tree.structure(expected)
+        for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    state, _ = loaded(*_args())
+    state, out = loaded(state, *_args()[1:])  # the loaded program chains on its own (donated) output
+    assert int(state.steps) == 2 and float(out["max"]) == 7 + 4
+
+
+def test_the_key_separates_identity_name_shapes_and_dtypes(tmp_path):
+    store = ExecutableStore(tmp_path, "model-a")
+    base = store.key("step", _args())
+    assert store.key("step", _args()) == base
+    assert ExecutableStore(tmp_path, "model-b").key("step", _args()) != base
+    assert store.key("other", _args()) != base
+    assert store.key("step", _args(16)) != base
+    state, x, scale = _args()
+    assert store.key("step", (state, x.astype(np.float64), scale)) != base
+    assert args_signature(_args()) != args_signature(_args(16))
+
+
+def test_a_damaged_file_is_compiled_again_and_rewritten(tmp_path, caplog):
+    ExecutableStore(tmp_path, "model-a").load_or_compile("step", PROGRAM, _args())
+    (path,) = tmp_path.glob("*.xla")
+    path.write_bytes(path.read_bytes()[:100])
+    store = ExecutableStore(tmp_path, "model-a")
+    with caplog.at_level(logging.WARNING):
+        compiled = store.load_or_compile("step", PROGRAM, _args())
+    assert (store.loaded, store.saved) == (0, 1) and "could not load the compiled program" in caplog.text
+    assert path.stat().st_size > 100
+    assert float(compiled(*_args())[1]["max"]) == 7 + 2
+    again = ExecutableStore(tmp_path, "model-a")
+    again.load_or_compile("step", PROGRAM, _args())
+    assert again.loaded == 1  # the rewritten file loads
