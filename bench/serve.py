@@ -10,7 +10,10 @@ decoding and a fixed length (`max_tokens`, `ignore_eos: true`). It measures
 
 first unconstrained, then the same load with every request constrained (`--constraint json`: a
 `json_schema` response format; `--constraint tools`: `tool_choice: "required"`), and prints the ratio
-constrained / unconstrained of tokens/s per level (target >= 0.95). Both modes use the same messages;
+constrained / unconstrained of tokens/s per level (target >= 0.95). `--peer URL` then drives another
+OpenAI-compatible server (a running `llama-server`, vLLM, SGLang) with the same client, request and
+levels, unconstrained, once jaxchat's server has stopped, and prints jaxchat / peer per level (tokens/s and
+TTFT p50). Both modes use the same messages;
 in `json` mode the prompts are token for token the same. A constraint ends a request early when
 its grammar completes, so the table also shows the mean tokens per request of each mode.
 
@@ -18,6 +21,7 @@ Writes `serve.json` (config, per-level figures, ratios) and `serve.png` into `--
 
     python bench/serve.py [--model PATH] [--concurrency 1,4,16] [--max-tokens 32]
                           [--requests-per-level N] [--constraint json|tools] [--out bench/results]
+                          [--peer http://127.0.0.1:8080/v1]
 """
 
 from __future__ import annotations
@@ -198,25 +202,28 @@ async def run_level(client, model: str, level: Level, fields: dict, max_tokens: 
     level.wall_s = time.perf_counter() - t0
 
 
-async def drive(args, port: int) -> tuple[str, list[Level]]:
+async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[Level]]:
+    """Run every level of `modes` ("unconstrained", the constraint kind, or "peer": unconstrained against
+    another server) against the OpenAI-compatible server at `base_url` (ending in /v1)."""
     from openai import AsyncOpenAI
     from tqdm import tqdm
 
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench", max_retries=0, timeout=1800)
+    client = AsyncOpenAI(base_url=base_url, api_key=os.environ.get("PEER_API_KEY", "bench"), max_retries=0,
+                         timeout=1800)
     model = (await client.models.list()).data[0].id
-    constrained = constraint_fields(args.constraint)
+    mode_fields = {m: constraint_fields(args.constraint) if m == args.constraint else {} for m in modes}
     # warm-up, not measured: a full round at the largest concurrency per mode (the grammar is compiled
     # and cached on its first use; every batch bucket and the whole KV cache get touched once)
-    for fields in ({}, constrained):
+    for fields in mode_fields.values():
         await asyncio.gather(*(one_request(client, model, fields, 4) for _ in range(max(args.concurrency))))
     levels = []
     for c in args.concurrency:
         n = args.requests_per_level or max(4, 2 * c)
-        levels += [Level("unconstrained", c, n), Level(args.constraint, c, n)]
+        levels += [Level(m, c, n) for m in modes]
     with tqdm(total=sum(lv.requests for lv in levels), unit="req", desc="serve bench") as bar:
         for level in levels:
             bar.set_postfix_str(f"{level.mode} c={level.concurrency}")
-            fields = {} if level.mode == "unconstrained" else constrained
+            fields = mode_fields[level.mode]
             await run_level(client, model, level, fields, args.max_tokens, bar)
     await client.close()
     return model, levels
@@ -244,6 +251,16 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
         ok = "ok" if r["tokens_per_s"] >= 0.95 else "BELOW TARGET"
         lines.append(f"  c={c:<3} tokens/s ratio {r['tokens_per_s']:.3f} ({ok}); "
                      f"per-token speed ratio (TPOT p50 unconstrained / constrained) {r['tpot_p50']:.3f}")
+    if ("peer", min(s["concurrency"] for s in summaries)) in by:
+        lines.append("")
+        lines.append("jaxchat / peer (the same client and load, unconstrained), per concurrency:")
+        for c in sorted({s["concurrency"] for s in summaries}):
+            u, p = by[("unconstrained", c)], by[("peer", c)]
+            r = {"concurrency": c, "peer_tokens_per_s": u["output_tokens_per_s"] / p["output_tokens_per_s"],
+                 "peer_ttft_p50": u["ttft_p50_s"] / p["ttft_p50_s"]}
+            ratios.append(r)
+            lines.append(f"  c={c:<3} tokens/s ratio {r['peer_tokens_per_s']:.3f}; "
+                         f"TTFT p50 ratio (jaxchat / peer) {r['peer_ttft_p50']:.2f}")
     return "\n".join(lines), ratios
 
 
@@ -257,8 +274,10 @@ def plot(summaries: list[dict], constraint: str, path: Path, title: str) -> None
     panels = [("output_tokens_per_s", "output tokens/s", 1), ("ttft_p50_s", "TTFT p50 (s)", 1),
               ("tpot_p50_s", "TPOT p50 (ms)", 1e3)]
     for ax, (key, label, scale) in zip(axes, panels, strict=True):
-        for mode, marker in (("unconstrained", "o-"), (constraint, "s--")):
+        for mode, marker in (("unconstrained", "o-"), (constraint, "s--"), ("peer", "^:")):
             rows = [s for s in summaries if s["mode"] == mode]
+            if not rows:
+                continue
             ax.plot([s["concurrency"] for s in rows], [s[key] * scale for s in rows], marker, label=mode)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({s["concurrency"] for s in summaries}))
@@ -287,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-context", type=int, default=512, help="server context per sequence")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--peer", default=None, metavar="URL",
+                   help="also drive this OpenAI-compatible server (e.g. http://127.0.0.1:8080/v1 of a running "
+                        "llama-server) with the same client and unconstrained load, after jaxchat's own run, and "
+                        "print jaxchat / peer per level (API key from $PEER_API_KEY)")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not args.concurrency or min(args.concurrency) < 1 or args.max_tokens < 2:
@@ -303,9 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         ready_s = wait_healthy(proc, port, log_path, args.startup_timeout)
         print(f"jaxchat serve ready in {ready_s:.0f} s (port {port}, max batch {args.max_batch}, "
               f"context {args.max_context})", flush=True)
-        model, levels = asyncio.run(drive(args, port))
+        model, levels = asyncio.run(drive(args, f"http://127.0.0.1:{port}/v1", ("unconstrained", args.constraint)))
     finally:
         code = stop_server(proc)
+    if args.peer:  # after jaxchat's server has stopped: the two never share the machine
+        peer_model, peer_levels = asyncio.run(drive(args, args.peer.rstrip("/"), ("peer",)))
+        print(f"peer {args.peer}: model {peer_model}", flush=True)
+        levels += peer_levels
     summaries = [lv.summary() for lv in levels]
     text, ratios = report(summaries, args.constraint)
     total = time.perf_counter() - t_start

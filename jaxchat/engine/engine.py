@@ -63,7 +63,7 @@ class Engine:
         batch_buckets: Sequence[int] | None = None,
         length_buckets: Sequence[int] | None = None,
         span_buckets: Sequence[int] | None = None,
-        min_prefill_bucket: int = 16,
+        min_prefill_bucket: int = 8,
         max_prefills_per_step: int = 4,
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,

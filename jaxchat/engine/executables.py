@@ -7,8 +7,10 @@ with `args`: deserialized from its file when one exists for the same key, else l
 (JAX's persistent compilation cache may still answer the compile), then written for the next start.
 The key hashes everything a program's executable depends on: `identity` (what the caller's traced code
 closes over: model config, dtype, constants), `name` (which program, with its static options), the abstract
-signature of `args` (tree structure, shapes, dtypes, shardings), the jax and jaxlib versions, the backend and
-its devices, and a digest of jaxchat's own sources, so an edit to the code never loads a stale program.
+signature of `args` (tree structure, shapes, dtypes, shardings), the jax, jaxlib and flax versions,
+`XLA_FLAGS`, the backend and its devices, and a digest of jaxchat's own sources, so an edit to the code never
+loads a stale program. (A wrapper installed on a model's forward is not in the key: an engine built with one
+must not be given a store.)
 A file that cannot be read or loaded is replaced by a fresh compile; a program that cannot be serialized is
 simply compiled each start. Files are written atomically (a temporary file, then a rename).
 `store.loaded` / `store.saved` count programs loaded from and written to disk.
@@ -28,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import flax
 import jax
 import jaxlib
 import numpy as np
@@ -76,8 +79,9 @@ class ExecutableStore:
 
     def key(self, name: str, args: tuple) -> str:
         h = hashlib.sha256()
-        for part in (str(_FORMAT), jax.__version__, jaxlib.__version__, _backend_signature(), source_digest(),
-                     self.identity, name, args_signature(args)):
+        for part in (str(_FORMAT), jax.__version__, jaxlib.__version__, flax.__version__,
+                     os.environ.get("XLA_FLAGS", ""), _backend_signature(), source_digest(), self.identity, name,
+                     args_signature(args)):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()

@@ -2,10 +2,11 @@
 
 Contract: `forced_token_ids(encode, decode, prev, text)` returns the token ids of `text` (the only
 continuation the grammar admits after the token `prev`) as the model's tokenizer spells them when they follow
-`prev`: `encode(decode([prev]) + text)` must start with `prev` itself (otherwise the spelling would merge text
-into `prev`, a token the model already emitted, and nothing is forced: the model samples the next token and
-the jump is tried again after it). The last token is left out too, since the tokenizer could merge it with
-whatever follows the forced text. `encode(str) -> ids` must add no special tokens.
+`prev`: `encode(decode([prev]) + text)` less its first token, when that is `prev` itself. Where the tokenizer
+would merge the start of `text` into `prev` (the model chose `"` where `",` was possible), that token is
+already emitted, so the text is spelled on its own: `encode(text)`. The last token is always left out, since
+the tokenizer could merge it with whatever follows the forced text (the model samples it, under the mask).
+`encode(str) -> ids` must add no special tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +19,5 @@ def forced_token_ids(encode: Callable[[str], Sequence[int]], decode: Callable[[l
     if not text:
         return []
     ids = list(encode(decode([prev]) + text))
-    if len(ids) < 3 or ids[0] != prev:
-        return []
-    return ids[1:-1]
+    ids = ids[1:] if ids and ids[0] == prev else list(encode(text))
+    return ids[:-1]

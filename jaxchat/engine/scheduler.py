@@ -170,10 +170,11 @@ class Scheduler:
         start = self._take_prefix(slot, req.prompt_ids)
         seq.cached = start
         self.prefix_hit_tokens += start
-        forced = self._jump(seq, req.prompt_ids[-1])  # text the grammar forces first rides in the prefill
+        forced = self._jump(seq, req.prompt_ids[-1], n - start)  # text the grammar forces first rides in the prefill
         if seq.finished:
             self._compact()
             return
+        self.sp.step[slot] = seq.generated
         sp1 = SamplingArrays(*(a[slot : slot + 1] for a in self.sp))
         out = r.prefill(slot, [*req.prompt_ids, *forced], self.bitmask[slot : slot + 1], sp1, start, prompt_len=n)
         seq.written = n + len(forced)
@@ -259,42 +260,40 @@ class Scheduler:
             self._extends.append(seq)
 
     # ---- jump-forward ---------------------------------------------------------------------------
-    def _jump(self, seq: _Seq, prev: int) -> list[int]:
+    def _jump(self, seq: _Seq, prev: int, carried: int = 1) -> list[int]:
         """Take the text the grammar forces after `prev` (the last token the model sees) without sampling, as
-        `jump_forward.forced_token_ids` tokenises it, at most MAX_JUMP tokens. Each forced
-        token goes through the same constraint, stop and length checks as a sampled one; their text is
-        emitted as one delta and the mask is filled for the token after them. May finish the request."""
+        `jump_forward.forced_token_ids` tokenises it: at most MAX_JUMP tokens, and no more than fit one
+        prefill-program run beside the `carried` tokens that run also carries. Each forced token goes through
+        the same constraint, stop and length checks as a sampled one; their text is emitted as one delta and
+        the mask is filled for the token after them. May finish the request (an error only ends this one)."""
         c = seq.req.constraint
         if not self.jump_forward or seq.req.sampling.logprobs is not None or not hasattr(c, "forced_text"):
             return []
-        try:
-            ids = self._forced_ids(prev, c.forced_text())
-        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
-            self._finish(seq, "error", error=f"{type(e).__name__}: {e}")
-            return []
-        room = min(MAX_JUMP, seq.req.sampling.max_tokens - seq.generated, self.runner.max_context - 1 - seq.pos)
+        room = min(MAX_JUMP, self.runner.length_buckets[-1] - carried, seq.req.sampling.max_tokens - seq.generated,
+                   self.runner.max_context - 1 - seq.pos)
         forced: list[int] = []
         pieces: list[str] = []
-        for tok in ids[: max(room, 0)]:
-            if not c.accept_jumped(tok):
-                break
-            forced.append(tok)
-            seq.generated += 1
-            seq.out_ids.append(tok)
-            seq.pos += 1
-            self.generated_tokens += 1
-            self.forced_tokens += 1
-            try:
+        try:
+            for tok in self._forced_ids(prev, c.forced_text())[: max(room, 0)]:
+                if not c.accept_jumped(tok):
+                    break
+                forced.append(tok)
+                seq.generated += 1
+                seq.out_ids.append(tok)
+                seq.pos += 1
+                self.generated_tokens += 1
+                self.forced_tokens += 1
                 text, reason, stop_reason = self._advance(seq, tok, accepted=True, fill=False)
-            except Exception as e:  # noqa: BLE001
-                self._finish(seq, "error", error=f"{type(e).__name__}: {e}", token_ids=forced)
-                return forced
-            pieces.append(text)
-            if reason is not None:
-                self._finish(seq, reason, stop_reason=stop_reason, text="".join(pieces), token_ids=forced)
-                return forced
+                pieces.append(text)
+                if reason is not None:
+                    self._finish(seq, reason, stop_reason=stop_reason, text="".join(pieces), token_ids=forced)
+                    return forced
+            if forced:
+                c.fill_mask(self.bitmask[seq.slot])
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self._finish(seq, "error", error=f"{type(e).__name__}: {e}", text="".join(pieces), token_ids=forced)
+            return forced
         if forced:
-            c.fill_mask(self.bitmask[seq.slot])
             seq.emit(GenerationOutput(seq.req.request_id, forced, "".join(pieces),
                                       num_prompt_tokens=len(seq.req.prompt_ids), num_generated_tokens=seq.generated,
                                       num_cached_tokens=seq.cached))

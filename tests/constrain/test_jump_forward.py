@@ -1,7 +1,7 @@
 """Jump-forward at the constraint level (the engine side is tests/engine/test_jump_forward.py).
 
 - `forced_token_ids`: the forced text's tokens as the tokenizer spells them after the previous token, less
-  the last one; nothing when that spelling would merge text into the previous token.
+  the last one; spelled on its own where that spelling would merge text into the previous token.
 - A named tool call on the real Qwen2.5 vocabulary: the grammar forces the call's opening markup and the
   name, the tokens taken for it decode to a prefix of that text and every one is accepted; a token the grammar
   does not take is refused by `accept_jumped` without giving up or moving the matcher.
@@ -34,7 +34,7 @@ def test_forced_token_ids_keeps_the_tokenizer_spelling_after_the_previous_token(
         return "".join(decode[i] for i in ids)
 
     assert forced_token_ids(encode, decode_ids, 4, "cdcd") == [4, 5, 4]  # "c" + "cdcd": the last token left out
-    assert forced_token_ids(encode, decode_ids, 1, "bcd") == []  # "a" + "b..." spells "ab": it would merge
+    assert forced_token_ids(encode, decode_ids, 1, "bcd") == [2, 4]  # "a" + "b..." spells "ab": "bcd" alone
     assert forced_token_ids(encode, decode_ids, 4, "d") == []  # one token: nothing safe to take
     assert forced_token_ids(encode, decode_ids, 4, "") == []
 

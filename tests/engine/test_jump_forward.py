@@ -25,7 +25,7 @@ FREE = np.arange(32, 127)  # printable ASCII bytes: no merges with the forced le
 
 class ForcingConstraint:
     """Free printable-ASCII tokens, except `spans` ({output index: forced text}): from that index on, exactly the
-    tokens `TOK` spells the text with (single letters from x-z, so no merge across the boundary) are allowed,
+    tokens `TOK` spells the text with (single letters from x-z, so no merge with the token before) are allowed,
     one per step, and `forced_text` offers what is left of the span. Ends after `length` tokens."""
 
     def __init__(self, spans: dict[int, str], length: int):
