@@ -3,8 +3,10 @@ lowering and compiling each one again.
 
 Contract: `ExecutableStore(directory, identity)` keeps one file per program under `directory`.
 `store.load_or_compile(name, program, args)` returns a `jax.stages.Compiled` for the jitted `program` called
-with `args`: deserialized from its file when one exists for the same key, else lowered and compiled
-(JAX's persistent compilation cache may still answer the compile), then written for the next start.
+with `args`: deserialized from its file when one exists for the same key, else lowered and compiled for real
+(JAX's persistent compilation cache off for that compile: an executable it returns does not serialize whole
+on XLA:CPU), then written for the next start. So the step programs of a `jaxchat serve` that keeps
+executables are not in XLA's persistent cache.
 The key hashes everything a program's executable depends on: `identity` (what the caller's traced code
 closes over: model config, dtype, constants), `name` (which program, with its static options), the abstract
 signature of `args` (tree structure, shapes, dtypes, shardings), the jax, jaxlib and flax versions,
@@ -92,7 +94,7 @@ class ExecutableStore:
         if compiled is not None:
             self.loaded += 1
             return compiled
-        compiled = program.lower(*args).compile()
+        compiled = _compile_afresh(program, args)
         self._save(path, compiled)
         return compiled
 
@@ -122,6 +124,22 @@ class ExecutableStore:
             self.saved += 1
         except Exception as exc:  # noqa: BLE001  (not serializable, or the disk said no: only the next start pays)
             log.warning("could not save the compiled program %s (%s: %s)", path.name, type(exc).__name__, exc)
+
+
+def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:
+    """Lower and compile with JAX's persistent compilation cache off: on XLA:CPU an executable loaded from that
+    cache serializes without some of its kernels ("Function ... not found" when the copy runs), so a program
+    that is to be written must be compiled for real. (JAX memoizes whether its cache is in use: reset around.)"""
+    from jax._src import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        return program.lower(*args).compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
 
 
 def program_identity(model: Any) -> str:

@@ -9,6 +9,7 @@ compiled (`jaxchat_programs_loaded`). (`--no-compile-cache` is tested in tests/t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import urllib.request
@@ -20,9 +21,9 @@ from tests.serve_process import start_serve, stop
 from tests.tiny_model import tiny_chat_model
 
 
-def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: Path | None = None) -> dict[str, float]:
+def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: Path | None = None) -> dict:
     """Start `jaxchat serve` on `model` (with JAX_COMPILATION_CACHE_DIR=`env_cache`, or unset), wait for /health,
-    read /metrics, stop it with SIGTERM."""
+    run one greedy completion, read /metrics, stop it with SIGTERM."""
     env = dict(os.environ)
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if env_cache is not None:
@@ -30,11 +31,19 @@ def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: 
     proc, base = start_serve(["--model", str(model), "--max-batch", "1", "--max-context", "64", *cache_args], log,
                              env=env, timeout=300)
     try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:
+            model_id = json.loads(r.read())["data"][0]["id"]
+        body = json.dumps({"model": model_id, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}).encode()
+        request = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as r:  # the programs run, not only load
+            completion = json.loads(r.read())["choices"][0]["text"]
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
             text = r.read().decode()
     finally:
         stop(proc, timeout=60)
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits|programs_loaded) (\S+)$", text, re.M)}
+    found = {m.group(1): float(m.group(2))
+             for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits|programs_loaded) (\S+)$", text, re.M)}
+    return {**found, "completion": completion}
 
 
 @pytest.fixture(scope="module")
@@ -55,4 +64,5 @@ def test_second_start_on_one_cache_compiles_nothing(model, tmp_path):
     assert warm["programs_loaded"] == programs, (programs, warm)  # every step program came back from disk ...
     assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and whatever else XLA compiled was cached
     assert re.search(rf"Warm-up: {programs} programs in [0-9.]+ s \(0 compiled", (tmp_path / "warm.log").read_text())
+    assert warm["completion"] == cold["completion"]  # the loaded programs compute what the compiled ones did
 
