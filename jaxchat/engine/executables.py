@@ -133,6 +133,9 @@ def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:
     from jax._src import compilation_cache
 
     enabled = jax.config.jax_enable_compilation_cache
+    jax_log = logging.getLogger(compilation_cache.__name__)
+    level = jax_log.level
+    jax_log.setLevel(max(level, logging.WARNING))  # "Resetting cache at ..." twice per program, at INFO
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()
     try:
@@ -140,6 +143,7 @@ def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:
     finally:
         jax.config.update("jax_enable_compilation_cache", enabled)
         compilation_cache.reset_cache()
+        jax_log.setLevel(level)
 
 
 def program_identity(model: Any) -> str:
