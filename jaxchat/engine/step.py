@@ -298,18 +298,19 @@ class StepRunner:
                                                np.int32(n), pmask, bitmask, sp, np.int32(count_from),
                                                np.bool_(extend))
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
-        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
-        Attention reads the smallest span bucket above every row's position."""
-        key, program, args = self._decode_call(tokens, positions, bitmask, sp)
+    def _run(self, key: tuple, program, args: tuple) -> SampleOut:
+        """Run a sampling program (its warmed-up executable when there is one); host numpy outputs."""
         self.state, out = self._compiled.get(key, program)(*args)
         return SampleOut(*(np.asarray(x) for x in out))
 
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays) -> SampleOut:
+        """Run one decode step on slots 0..len(tokens)-1 (a batch bucket); returns host numpy outputs.
+        Attention reads the smallest span bucket above every row's position."""
+        return self._run(*self._decode_call(tokens, positions, bitmask, sp))
+
     def prefill(self, slot: int, prompt: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays,
                 start: int = 0, prompt_len: int | None = None) -> SampleOut:
-        key, program, args = self._prefill_call(slot, prompt, bitmask, sp, start, prompt_len)
-        self.state, out = self._compiled.get(key, program)(*args)
-        return SampleOut(*(np.asarray(x) for x in out))
+        return self._run(*self._prefill_call(slot, prompt, bitmask, sp, start, prompt_len))
 
     def extend(self, slot: int, tokens: Sequence[int], start: int, bitmask: np.ndarray,
                sp: SamplingArrays) -> SampleOut:
@@ -317,9 +318,7 @@ class StepRunner:
         in one step of the prefill program, and sample the next token; the row keeps its prompt mask, and its
         counts gain every token but the first (counted when it was sampled)."""
         pmask = np.zeros((1, self.vocab_size), np.bool_)  # unused: the row keeps its own
-        key, program, args = self._chunk_call(slot, tokens, start, bitmask, sp, pmask, start + 1, extend=True)
-        self.state, out = self._compiled.get(key, program)(*args)
-        return SampleOut(*(np.asarray(x) for x in out))
+        return self._run(*self._chunk_call(slot, tokens, start, bitmask, sp, pmask, start + 1, extend=True))
 
     def move(self, src: int, dst: int) -> None:
         self.state = self._compiled.get(("move",), self._move)(self.state, np.int32(src), np.int32(dst))
