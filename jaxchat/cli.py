@@ -7,7 +7,13 @@ OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--c
 next start of the same model and shapes neither traces nor compiles them, and reusing the K/V of a
 prompt's prefix that an idle slot still holds (`--no-prefix-cache` turns that off) and appending text the
 grammar forces without sampling it (`--no-jump-forward` turns that off); `jaxchat chat` is a terminal chat against a model or a server URL;
-`jaxchat convert SRC DST` writes an orbax checkpoint. `--quantize int8` (serve, chat, convert) loads int8
+`jaxchat convert SRC DST` writes an orbax checkpoint.
+Multi-host: `jaxchat serve --coordinator HOST:PORT --num-processes N --process-id I` (or no such flag on a
+TPU pod slice) is run once per process with the same other flags; they join one JAX runtime
+(`engine.cluster`), each loads its shards onto one global mesh, process 0 serves HTTP and drives every step
+and the others replay them (`engine.step_link`). A lost follower makes process 0 answer the open requests
+with 503 and exit with status 1; a lost process 0 makes the followers exit with status 1; SIGTERM to process
+0 stops them all (status 0). `--quantize int8` (serve, chat, convert) loads int8
 weights (W8A8; convert stores the int8 values and scales). Bad arguments exit with a clear message.
 """
 
@@ -50,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
                        help="persistent XLA compilation cache (default: jax-compilation-cache under the asset cache)")
     cache.add_argument("--no-compile-cache", action="store_true", help="compile every program at start, keep none")
+    cluster = serve.add_argument_group("multi-host (one command per process; none of these on a TPU pod slice)")
+    cluster.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                         help="process 0's address for jax.distributed (the same on every process)")
+    cluster.add_argument("--num-processes", type=int, default=None, help="processes in all")
+    cluster.add_argument("--process-id", type=int, default=None, help="this process's index; 0 serves HTTP")
     chat = sub.add_parser("chat", help="chat in the terminal")
     _add_model_args(chat)
     chat.add_argument("--url", default=None, help="talk to a running server instead of loading a model")
@@ -78,6 +89,14 @@ def _serve(args: argparse.Namespace) -> int:
     from jaxchat.server.run import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from jaxchat.engine.cluster import join_cluster, wants_cluster
+
+    rank = None
+    if wants_cluster(args.coordinator, args.num_processes, args.process_id):
+        try:
+            rank = join_cluster(args.coordinator, args.num_processes, args.process_id)
+        except ValueError as exc:
+            raise SystemExit(f"jaxchat: error: {exc}") from None
     from jaxchat.engine.compile_cache import disable_compile_cache, enable_compile_cache
 
     executables = None
@@ -87,17 +106,98 @@ def _serve(args: argparse.Namespace) -> int:
         cache = enable_compile_cache(args.compile_cache)
         executables = cache / "executables"
         logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
-    service = build_chat_service(args.model, max_batch=args.max_batch, max_context=args.max_context,
-                                 dtype=args.dtype, constrained=not args.no_constrain, quantize=args.quantize,
-                                 prefix_cache=not args.no_prefix_cache, executable_cache=executables,
-                                 jump_forward=not args.no_jump_forward)
+    engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
+                       quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
+                       jump_forward=not args.no_jump_forward)
+    if rank is not None and rank > 0:
+        return _follow(args.model, rank, engine_args)
+    service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
+                                 start=rank is None, **engine_args)
     release_freed_memory()  # the loader's conversion buffers
+    cluster = None if rank is None else _lead(service)
     logging.getLogger("jaxchat").info("Serving %s on http://%s:%d/v1", service.model_id, args.host, args.port)
     try:
-        serve(service, host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level.lower())
+        serve(service, host=args.host, port=args.port, api_key=args.api_key, log_level=args.log_level.lower(),
+              on_server=None if cluster is None else cluster.attach)
     finally:
+        if cluster is not None:
+            cluster.finish()  # exits with status 1 when a follower was lost
         service.close()
+    if cluster is not None:
+        _leave_cluster()
     return 0
+
+
+class _Leader:
+    """Process 0's side of a cluster: a lost follower cuts the open requests (503) and ends the process."""
+
+    EXIT_AFTER_S = 15.0  # a backstop in case the server cannot stop (a handler stuck on the engine)
+
+    def __init__(self) -> None:
+        self.server = None
+        self.lost: str | None = None
+        self.link = None
+
+    def attach(self, server) -> None:
+        self.server = server
+        if self.lost is not None:
+            self.on_lost(self.lost)
+
+    def on_lost(self, reason: str) -> None:
+        import threading
+
+        self.lost = reason
+        if self.server is None:
+            return
+        self.server.drain.begin(0.0, f"the cluster lost a process: {reason}; the server is stopping")
+        self.server.should_exit = True
+        threading.Timer(self.EXIT_AFTER_S, _exit_lost, args=(reason,)).start()
+
+    def finish(self) -> None:
+        if self.lost is not None:
+            _exit_lost(self.lost)
+        self.link.stop()
+
+
+def _lead(service) -> _Leader:
+    import jax
+
+    from jaxchat.engine.step_link import LeaderLink, runner_signature
+
+    leader = _Leader()
+    leader.link = LeaderLink.open(jax.process_count() - 1, runner_signature(service.engine.runner), leader.on_lost)
+    service.engine.relay_steps(leader.link)
+    service.engine.start()
+    return leader
+
+
+def _exit_lost(reason: str) -> None:
+    logging.getLogger("jaxchat").error("Stopping: %s", reason)
+    logging.shutdown()
+    os._exit(1)  # no atexit: jax.distributed's shutdown would wait for the process that is gone
+
+
+def _follow(model: str | None, rank: int, engine_args: dict) -> int:
+    from jaxchat.engine.engine import Engine
+    from jaxchat.engine.step_link import FollowerLink, follow, runner_signature
+
+    engine = Engine.from_path(model, start=False, **engine_args)
+    link = FollowerLink.connect(rank, runner_signature(engine.runner))
+    follow(engine.runner, link)
+    logging.getLogger("jaxchat").info("Process 0 stopped: process %d stops too", rank)
+    _leave_cluster()
+    return 0
+
+
+def _leave_cluster() -> None:
+    """jax.distributed's shutdown (a barrier with every process), bounded: a peer gone meanwhile cannot hang us."""
+    import threading
+
+    import jax
+
+    done = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+    done.start()
+    done.join(timeout=30)
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -20,6 +20,11 @@ Contract:
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
   the next engine on the same model and shapes loads them instead of tracing and compiling.
+- Multi-host: `engine.relay_steps(link)` (before `start()`) makes process 0's engine send every step call to
+  the follower processes first (`step_link.BroadcastRunner`); the followers build the same engine with
+  `start=False` and replay them (`step_link.follow(engine.runner, ...)`). When a follower is lost the loop
+  stops stepping; the requests it held fail after `CLUSTER_LOST_HOLD_S` (the server has answered them 503 by
+  then, see `jaxchat serve`). A multi-process engine keeps no serialized executables.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
   prefix_cache_hit_tokens, jump_forward_tokens, compile_count, compiles_after_warmup, compile_cache_hits,
   programs_loaded) for /metrics; `engine.shutdown()` stops the thread (idempotent).
@@ -47,9 +52,11 @@ from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, default_span_buckets, make_mesh, mesh_platform, pow2_buckets
+from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, LeaderLink
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
+CLUSTER_LOST_HOLD_S = 2.0
 
 
 class Engine:
@@ -87,7 +94,8 @@ class Engine:
             length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
             span_buckets or default_span_buckets(max_context),
             keep_prefixes=prefix_cache,
-            executables=None if executable_cache is None else ExecutableStore(executable_cache, program_identity(model)),
+            executables=None if executable_cache is None or jax.process_count() > 1
+            else ExecutableStore(executable_cache, program_identity(model)),
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step,
                                    jump_forward=jump_forward)
@@ -140,6 +148,13 @@ class Engine:
             self._thread = threading.Thread(target=self._loop, name="jaxchat-engine", daemon=True)
             self._thread.start()
 
+    def relay_steps(self, link: LeaderLink) -> None:
+        """Send every step call to the followers on `link` before running it (process 0 of a cluster)."""
+        if self._thread is not None:
+            raise RuntimeError("relay_steps must come before start()")
+        self.runner = BroadcastRunner(self.runner, link)
+        self.scheduler.runner = self.runner
+
     def shutdown(self) -> None:
         with self._cv:
             self._stopped = True
@@ -164,6 +179,14 @@ class Engine:
                     break
             try:
                 sched.step()
+            except ClusterLost as e:  # no step can run again; the server answers the open requests
+                log.error("engine stopped: %s", e)
+                time.sleep(CLUSTER_LOST_HOLD_S)
+                sched.fail_all(f"a process of the cluster is gone: {e}")
+                self._mailbox.flush()
+                with self._cv:
+                    self._stopped = True
+                break
             except Exception as e:  # a device step failed: fail the affected requests, keep serving
                 log.exception("engine step failed")
                 sched.fail_all(f"engine step failed: {type(e).__name__}: {e}")

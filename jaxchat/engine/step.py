@@ -37,7 +37,8 @@ Contract:
   faster the other way. It costs one more copy of the head in memory.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
   also compiles `swap`; `runner.keep_prefixes` says whether it is on.
-- Sharding: params keep the shardings they arrive with; the cache is sharded over kv heads on the mesh
+- Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
+  runs the same programs, see `step_link`, and reads the replicated outputs locally); the cache is sharded over kv heads on the mesh
   axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
 """
 
@@ -92,7 +93,9 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    devs = np.array(list(devices) if devices is not None else jax.local_devices())
+    """A 1-D mesh (axis "tp") over `devices`, by default every device of the runtime: all processes' devices
+    when several processes joined it (`cluster.join_cluster`), process by process in order."""
+    devs = np.array(list(devices) if devices is not None else jax.devices())
     return Mesh(devs, ("tp",))
 
 

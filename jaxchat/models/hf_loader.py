@@ -53,7 +53,7 @@ def read_safetensors(files: list[Path]) -> dict[str, Tensor]:
                 if name in tensors:
                     raise ModelLoadError(f"tensor {name!r} appears in more than one shard ({f.name})")
                 shape = tuple(h.get_slice(name).get_shape())
-                tensors[name] = Tensor(shape, _loader(f, name))
+                tensors[name] = Tensor(shape, _loader(f, name), _slice_loader(f, name))
     return tensors
 
 
@@ -65,6 +65,16 @@ def _loader(f: Path, name: str):
             return h.get_tensor(name)
 
     return load
+
+
+def _slice_loader(f: Path, name: str):
+    def load_slice(index: tuple[slice, ...]):
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="np") as h:
+            return h.get_slice(name)[index]
+
+    return load_slice
 
 
 def gemma_text_tensors(hf_config: dict, tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -8,10 +8,14 @@ shape that differs from the table's HF shape each raise `ModelLoadError` naming 
 converts every tensor (HF [out, in] layout -> the params' explicit-heads layout), casts to the
 target dtype, stacks layers on axis 0 (a listed family's layers stay per-layer params, rows with
 `layer=None` and paths ("layers", "<i>", ...)) and places the result (with `NamedSharding`s on a mesh).
+On a mesh that spans several processes (multi-host) each process reads only the blocks of each param its own
+devices hold (`shard_read`: a slice of the tensor where its layout allows, `Tensor.load_slice`) and the params
+are assembled as global arrays from every process's blocks. Either way it logs the bytes of tensor data read.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,12 +24,15 @@ import numpy as np
 from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.entries import convert
 from jaxchat.models.families import abstract_model, abstract_params, as_params, table
+from jaxchat.models.shard_read import needed_box, read_block
 
+log = logging.getLogger("jaxchat.models")
 
 @dataclass(frozen=True)
 class Tensor:
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray]
+    load_slice: Callable[[tuple[slice, ...]], np.ndarray] | None = None  # reads only tensor[index]
 
 
 def check(cfg: ModelConfig, tensors: dict[str, Tensor], ignore: tuple[str, ...] = (), where: str = "") -> dict:
@@ -67,8 +74,11 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
     graphdef, abstract = abstract_model(cfg, dtype)
     shapes = _leaf_shapes(abstract)
     np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    if mesh is not None and mesh.is_multi_process:
+        return graphdef, _assemble_local_blocks(cfg, tab, tensors, shapes, dtype, mesh, desc)
     buffers = {p: np.zeros(s, np_dtype) for p, (s, _) in shapes.items()}
     filled = {p: 0 for p in shapes}
+    read = 0
     for e in tab.values():
         if e.path not in buffers:
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
@@ -83,13 +93,15 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
             axis, start, stop = e.part
             target = (*target[:axis], stop - start, *target[axis + 1:])
             index = (*index, *(slice(None),) * axis, slice(start, stop))
-        x = convert(np.asarray(tensors[e.hf].load()), e, target)  # cast on assignment
-        buffers[e.path][index if index else ...] = x
+        raw = np.asarray(tensors[e.hf].load())
+        read += raw.nbytes
+        buffers[e.path][index if index else ...] = convert(raw, e, target)  # cast on assignment
         filled[e.path] += int(np.prod(target))  # the table's slices of one param never overlap
     for p, n in filled.items():
         want = int(np.prod(shapes[p][0]))
         if n != want:
             raise ModelLoadError(f"param {'/'.join(p)}: the tensors fill {n} of its {want} values")
+    log.info("Read %d bytes of tensor data from %s", read, where or "the checkpoint")
     specs = None
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
@@ -113,3 +125,64 @@ def _get(tree, path: tuple[str, ...]):
     for k in path:
         tree = tree[int(k)] if isinstance(tree, tuple) else tree[k]
     return tree
+
+
+def _entry_target(e, full: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(the leading param indices the entry fixes (layer, expert), the shape it fills, where that shape starts
+    in the param's remaining axes)."""
+    lead, target = (), full
+    if e.layer is not None:
+        lead, target = (e.layer,), target[1:]
+    if e.expert is not None:
+        lead, target = (*lead, e.expert), target[1:]
+    offset = [0] * len(target)
+    if e.part is not None:
+        axis, start, stop = e.part
+        target = (*target[:axis], stop - start, *target[axis + 1:])
+        offset[axis] = start
+    return lead, target, tuple(offset)
+
+
+def _assemble_local_blocks(cfg, tab, tensors, shapes, dtype, mesh, desc: str) -> dict:
+    """Each param as a global array built from the block this process's devices hold (`needed_box`), filled
+    from the parts of the checkpoint tensors that overlap it."""
+    import jax
+    from tqdm import tqdm
+
+    from jaxchat.models.sharding import param_partition_specs
+
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    specs = param_partition_specs(cfg, abstract_params(cfg, dtype), mesh)
+    shardings = {p: jax.sharding.NamedSharding(mesh, _get(specs, p)) for p in shapes}
+    boxes = {p: needed_box(shardings[p], shapes[p][0]) for p in shapes}
+    blocks = {p: np.zeros(tuple(b - a for a, b in boxes[p]), np_dtype) for p in shapes}
+    read = 0
+    for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
+        box = boxes[e.path]
+        lead, target, offset = _entry_target(e, shapes[e.path][0])
+        if any(not a <= i < b for i, (a, b) in zip(lead, box, strict=False)):
+            continue  # a layer or expert this process holds nothing of
+        rest = box[len(lead):]
+        sub = tuple((max(a - o, 0), min(b - o, d)) for (a, b), o, d in zip(rest, offset, target, strict=True))
+        if any(lo >= hi for lo, hi in sub):
+            continue
+        block, nbytes = read_block(tensors[e.hf], e, target, sub)
+        read += nbytes
+        where = tuple(i - a for i, (a, _) in zip(lead, box, strict=False)) + tuple(
+            slice(o + lo - a, o + hi - a) for (lo, hi), o, (a, _) in zip(sub, offset, rest, strict=True))
+        blocks[e.path][where] = block
+    log.info("Read %d bytes of tensor data: this process's blocks (process %d of %d)", read, jax.process_index(),
+             jax.process_count())
+    params: dict = {}
+    for p in list(blocks):
+        block, origin = blocks.pop(p), tuple(a for a, _ in boxes[p])
+
+        def local(index, block=block, origin=origin, shape=shapes[p][0]):
+            return block[tuple(slice(s.indices(n)[0] - o, s.indices(n)[1] - o)
+                               for s, o, n in zip(index, origin, shape, strict=True))]
+
+        node = params
+        for k in p[:-1]:
+            node = node.setdefault(k, {})
+        node[p[-1]] = jax.make_array_from_callback(shapes[p][0], shardings[p], local)
+    return as_params(params, cfg)

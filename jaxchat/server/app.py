@@ -103,7 +103,7 @@ class _Api:
                 if not public:
                     self.authorize(request)
                 if self.drain.draining and request.url.path.startswith("/v1/"):
-                    raise ApiError(503, "the server is shutting down", code="server_shutdown")
+                    raise ApiError(503, self.drain.message, code="server_shutdown")
                 response = await handler(request, started)
             except ClientGone:
                 self.metrics.disconnects.inc()

@@ -1,7 +1,7 @@
 """Run the app under uvicorn, with a graceful SIGTERM.
 
 Contract: `serve(service, host="127.0.0.1", port=8000, api_key=None, limits=Limits(),
-log_level="info")` blocks until the server stops and returns normally (exit status 0 for the CLI)
+log_level="info", on_server=None)` blocks until the server stops and returns normally (exit status 0 for the CLI)
 after SIGTERM or SIGINT. On the signal the server stops accepting connections and answers new API
 requests on open connections with 503; in-flight requests get `limits.shutdown_grace_s` seconds to
 finish, after which streams end with a `server_shutdown` error event and `[DONE]` (their service
@@ -65,9 +65,12 @@ def serve(
     api_key: str | None = None,
     limits: Limits | None = None,
     log_level: str = "info",
+    on_server=None,
 ) -> None:
     limits = limits or Limits()
     server = make_server(service, host, port, api_key, limits, log_level)
+    if on_server is not None:
+        on_server(server)  # e.g. a multi-host leader that may have to cut requests and stop the server
     # uvicorn re-raises the signal it caught once it has shut down; with the default SIGTERM action
     # that would kill the process (status -15) after a clean shutdown, so SIGTERM gets a no-op
     # handler for uvicorn to restore and re-raise into.

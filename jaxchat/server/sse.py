@@ -16,8 +16,9 @@ time (a request still queued). An exception after the first chunk becomes one er
 (generic text, details in the log), then the end (`[DONE]` where sent). Chunks go out as made;
 the stream's `usage` (set by the service when it completes) and the time to the first chunk with
 output go to the metrics.
-`Drain` coordinates shutdown: after `begin(grace)`, in-flight work has `grace` seconds, then
-streams end with a `server_shutdown` error event and non-streamed requests get a 503.
+`Drain` coordinates shutdown: after `begin(grace, message)`, in-flight work has `grace` seconds, then
+streams end with a `server_shutdown` error event and non-streamed requests get a 503, both saying `message`
+(by default that the server is shutting down; a lost follower process says so instead).
 `run_until_gone(receive, awaitable, drain)` gives non-streamed requests the same treatment.
 """
 
@@ -57,14 +58,16 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self.cut = False
+        self.message = SHUTDOWN_MESSAGE  # why: what the 503s and error events say
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = set()
         self._lock = threading.Lock()
 
-    def begin(self, grace: float) -> None:
+    def begin(self, grace: float, message: str = SHUTDOWN_MESSAGE) -> None:
         with self._lock:
             if self.draining:
                 return
             self.draining = True
+            self.message = message
         timer = threading.Timer(grace, self.cut_now)
         timer.daemon = True
         timer.start()
@@ -145,7 +148,7 @@ async def run_until_gone(receive: Receive, aw: Awaitable, drain: Drain):
     if kind == "gone":
         raise ClientGone()
     if kind == "cut":
-        raise ApiError(503, SHUTDOWN_MESSAGE, code="server_shutdown")
+        raise ApiError(503, drain.message, code="server_shutdown")
     return value
 
 
@@ -230,7 +233,7 @@ class SSEStream:
         if kind == "gone":
             return 499, True
         if kind == "cut":
-            await _send_json(send, 503, self.error_shape(_shutdown()))
+            await _send_json(send, 503, self.error_shape(_shutdown(self.drain)))
             return 503, False
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         while True:
@@ -248,7 +251,7 @@ class SSEStream:
             if kind == "gone":
                 return 200, True
             if kind == "cut":
-                await self._send(send, _event(self.error_shape(_shutdown())))
+                await self._send(send, _event(self.error_shape(_shutdown(self.drain))))
                 item = _END
 
     async def _emit(self, send: Send, chunk: object) -> None:
@@ -268,8 +271,8 @@ class SSEStream:
         await send({"type": "http.response.body", "body": data, "more_body": more})
 
 
-def _shutdown() -> ApiError:
-    return ApiError(503, SHUTDOWN_MESSAGE, code="server_shutdown")
+def _shutdown(drain: Drain) -> ApiError:
+    return ApiError(503, drain.message, code="server_shutdown")
 
 
 async def _send_json(send: Send, status: int, body: dict) -> None:

@@ -1,0 +1,300 @@
+"""One step, many controllers: process 0's step calls replayed by every other process, and fault detection.
+
+JAX's multi-controller runtime needs every process to run the same programs on the same global arrays in the
+same order. Process 0 (the leader) owns the scheduler, grammar matchers and parser; each step call it makes
+on its `StepRunner` (decode, prefill, extend, move, swap: the only calls that run device programs after
+warm-up) is first sent, with its host arguments, to every follower, which makes the same call on its own
+runner. The programs' outputs are replicated, so every process computes the same tokens; only the leader
+reads them.
+
+Contract:
+- `LeaderLink.open(followers, signature, on_lost, timeout_s)` listens on process 0's coordinator host (an
+  ephemeral port, published with a random token through the coordination service's key-value store) and
+  waits for every follower's hello; a follower whose runner `signature` (buckets, sizes, layout: what decides
+  the programs) differs from the leader's is refused and the leader raises `ValueError` naming both.
+  `FollowerLink.connect(process_id, signature, timeout_s)` is the other end.
+- `BroadcastRunner(runner, link)` is the leader's runner: every step call is sent first, then run; any other
+  attribute is the runner's. `follow(runner, link)` is a follower's whole life: it replays calls until the
+  leader says stop (returns) or is gone (exits the process with status 1).
+- Faults. Followers send a heartbeat every `HEARTBEAT_S`; a follower whose connection closes (the process died)
+  or that sends nothing for `LOST_AFTER_S` (it hangs) is lost: the leader calls `on_lost(reason)` once, from
+  its monitor thread, and every later step call raises `ClusterLost`. A step that fails while the link is, or
+  within `LOST_AFTER_S` becomes, lost raises `ClusterLost` too (a collective whose peer died). A follower
+  exits with status 1 as soon as the leader's connection closes, even in the middle of a step.
+- `LeaderLink.stop()` tells the followers to finish (their `follow` returns) and closes the link.
+Frames are 8-byte big-endian lengths and pickles; only the processes of one `jax.distributed` runtime, holding
+the token, connect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import queue
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jaxchat.engine import cluster
+
+log = logging.getLogger(__name__)
+
+STEP_CALLS = ("decode", "prefill", "extend", "move", "swap")
+LINK_KEY = "jaxchat/step_link"
+HEARTBEAT_S = 1.0
+LOST_AFTER_S = 10.0
+_STOP = ("stop", (), {})
+
+
+class ClusterLost(RuntimeError):
+    """A process of the cluster is gone: no step can run any more."""
+
+
+def runner_signature(runner) -> str:
+    """What decides a runner's programs and state: equal on every process, or their steps would differ."""
+    return json.dumps({
+        "max_batch": runner.max_batch, "max_context": runner.max_context, "vocab": runner.vocab_size,
+        "valid_vocab": runner.valid_vocab, "batch_buckets": list(runner.batch_buckets),
+        "length_buckets": list(runner.length_buckets), "span_buckets": list(runner.span_buckets),
+        "keep_prefixes": runner.keep_prefixes, "layout": runner.layout,
+    }, sort_keys=True)
+
+
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(struct.pack("!Q", len(payload)) + payload)
+
+
+def _recv_frame(sock: socket.socket) -> bytes | None:
+    """One frame's payload, or None when the peer closed the connection."""
+    head = _recv_exact(sock, 8)
+    return None if head is None else _recv_exact(sock, struct.unpack("!Q", head)[0])
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+class LeaderLink:
+    def __init__(self, sockets: dict[int, socket.socket], on_lost: Callable[[str], None] | None) -> None:
+        self._sockets = sockets
+        self._on_lost = on_lost
+        self._send_lock = threading.Lock()
+        self._lost_lock = threading.Lock()  # not the send lock: a send may block on a follower that hangs
+        self._lost = threading.Event()
+        self.lost_reason: str | None = None
+        self._stopping = False
+        for pid, sock in sockets.items():
+            threading.Thread(target=self._monitor, args=(pid, sock), name=f"jaxchat-link-{pid}", daemon=True).start()
+
+    @classmethod
+    def open(cls, followers: int, signature: str, on_lost: Callable[[str], None] | None = None,
+             timeout_s: float = 900.0) -> LeaderLink:
+        host = cluster.coordinator_host()
+        server = socket.create_server((host, 0))
+        token = secrets.token_hex(16)
+        cluster.publish(LINK_KEY, json.dumps({"host": host, "port": server.getsockname()[1], "token": token}))
+        log.info("Waiting for %d follower process(es) on %s:%d", followers, host, server.getsockname()[1])
+        sockets: dict[int, socket.socket] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(sockets) < followers:
+                server.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    sock, _ = server.accept()
+                except TimeoutError:
+                    missing = followers - len(sockets)
+                    raise TimeoutError(f"{missing} follower process(es) did not connect in {timeout_s:.0f} s") from None
+                sock.settimeout(30)
+                hello = _recv_frame(sock)
+                info = json.loads(hello) if hello else {}
+                if info.get("token") != token:
+                    sock.close()
+                    continue
+                if info.get("signature") != signature:
+                    _send_frame(sock, pickle.dumps(_STOP))
+                    raise ValueError(f"process {info.get('process')} runs different step programs than process 0: "
+                                     f"{info.get('signature')} vs {signature} (start every process with the same "
+                                     "model and settings)")
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sockets[int(info["process"])] = sock
+        except BaseException:
+            for sock in sockets.values():
+                sock.close()
+            raise
+        finally:
+            server.close()
+        log.info("All %d follower process(es) connected", followers)
+        return cls(sockets, on_lost)
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def wait_lost(self, timeout_s: float) -> bool:
+        return self._lost.wait(timeout_s)
+
+    def _monitor(self, pid: int, sock: socket.socket) -> None:
+        sock.settimeout(LOST_AFTER_S)
+        try:
+            while True:
+                if _recv_frame(sock) is None:
+                    reason = f"process {pid} is gone (its connection closed)"
+                    break
+        except TimeoutError:
+            reason = f"process {pid} stopped answering (no heartbeat for {LOST_AFTER_S:.0f} s)"
+        except OSError as exc:
+            reason = f"process {pid}'s connection failed: {exc}"
+        if not self._stopping:
+            self._mark_lost(reason)
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._lost_lock:
+            if self.lost_reason is not None:
+                return
+            self.lost_reason = reason
+        log.error("Follower lost: %s", reason)
+        if self._on_lost is not None:
+            self._on_lost(reason)  # before the event: the server answers 503 before any step reports a failure
+        self._lost.set()
+
+    def send(self, name: str, args: tuple, kwargs: dict) -> None:
+        payload = pickle.dumps((name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            if self._lost.is_set():
+                raise ClusterLost(self.lost_reason)
+            failed = None
+            for pid, sock in self._sockets.items():
+                try:
+                    _send_frame(sock, payload)
+                except OSError as exc:
+                    failed = f"process {pid}'s connection failed: {exc}"
+                    break
+        if failed is not None:
+            self._mark_lost(failed)
+            raise ClusterLost(failed)
+
+    def stop(self) -> None:
+        self._stopping = True
+        with self._send_lock:
+            for sock in self._sockets.values():
+                try:
+                    _send_frame(sock, pickle.dumps(_STOP))
+                    sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+
+class FollowerLink:
+    def __init__(self, sock: socket.socket, on_leader_lost: Callable[[str], None]) -> None:
+        self._sock = sock
+        self._calls: queue.Queue = queue.Queue()
+        self._on_leader_lost = on_leader_lost
+        self._send_lock = threading.Lock()
+        threading.Thread(target=self._read, name="jaxchat-link-read", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="jaxchat-link-heartbeat", daemon=True).start()
+
+    @classmethod
+    def connect(cls, process_id: int, signature: str, timeout_s: float = 900.0,
+                on_leader_lost: Callable[[str], None] | None = None) -> FollowerLink:
+        info = json.loads(cluster.lookup(LINK_KEY, timeout_s))
+        sock = socket.create_connection((info["host"], info["port"]), timeout=30)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _send_frame(sock, json.dumps({"process": process_id, "token": info["token"], "signature": signature}).encode())
+        log.info("Following process 0 at %s:%d", info["host"], info["port"])
+        return cls(sock, on_leader_lost or _exit_now)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                frame = _recv_frame(self._sock)
+                if frame is None:
+                    break
+                call = pickle.loads(frame)
+                self._calls.put(call)
+                if call[0] == "stop":
+                    return
+        except OSError as exc:
+            log.error("the connection to process 0 failed: %s", exc)
+        self._on_leader_lost("process 0 is gone (its connection closed)")
+
+    def _heartbeat(self) -> None:
+        while True:
+            try:
+                with self._send_lock:
+                    _send_frame(self._sock, b"")
+            except OSError:
+                return
+            time.sleep(HEARTBEAT_S)
+
+    def next_call(self) -> tuple[str, tuple, dict]:
+        return self._calls.get()
+
+
+def _exit_now(reason: str) -> None:
+    log.error("%s: exiting", reason)
+    logging.shutdown()
+    os._exit(1)  # no atexit: jax.distributed's shutdown would wait for the process that is gone
+
+
+class BroadcastRunner:
+    """The leader's runner: step calls go to the followers first; everything else is the runner's."""
+
+    def __init__(self, runner, link: LeaderLink) -> None:
+        self._runner = runner
+        self._link = link
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def _step(self, name: str, *args, **kwargs):
+        self._link.send(name, args, kwargs)
+        try:
+            return getattr(self._runner, name)(*args, **kwargs)
+        except Exception as exc:
+            if self._link.lost or self._link.wait_lost(LOST_AFTER_S):
+                raise ClusterLost(self._link.lost_reason) from exc
+            raise
+
+    def decode(self, *args, **kwargs):
+        return self._step("decode", *args, **kwargs)
+
+    def prefill(self, *args, **kwargs):
+        return self._step("prefill", *args, **kwargs)
+
+    def extend(self, *args, **kwargs):
+        return self._step("extend", *args, **kwargs)
+
+    def move(self, *args, **kwargs):
+        return self._step("move", *args, **kwargs)
+
+    def swap(self, *args, **kwargs):
+        return self._step("swap", *args, **kwargs)
+
+
+def follow(runner, link: FollowerLink) -> None:
+    """Replay the leader's step calls on `runner` until it says stop. A call that fails here failed on the
+    leader too (same program, same inputs), which carries on: so does the follower."""
+    while True:
+        name, args, kwargs = link.next_call()
+        if name == "stop":
+            return
+        if name not in STEP_CALLS:
+            raise ValueError(f"unknown step call {name!r} from process 0")
+        try:
+            getattr(runner, name)(*args, **kwargs)
+        except Exception:
+            log.exception("step %s failed (as it did on process 0)", name)
