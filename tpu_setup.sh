@@ -222,6 +222,11 @@ def fail(why: str) -> None:
 
 try:
     import jax
+
+    from jaxchat.engine.cluster import join_cluster, pod_slice_detected
+
+    if pod_slice_detected():  # every worker runs this check at once (--worker=all): one runtime over the slice
+        join_cluster()
 except Exception as exc:  # noqa: BLE001 - reported with the reason
     fail(f"jax does not import: {type(exc).__name__}: {exc}")
 try:
@@ -236,7 +241,7 @@ if expect not in platforms:
 local = jax.local_devices()
 print(f"process {jax.process_index()} of {jax.process_count()}: {len(local)} local of {jax.device_count()} devices")
 if jax.device_count() > len(local):
-    print(f"note: this is a multi-host slice; jaxchat's engine only uses this host's {len(local)} local devices "
+    print(f"multi-host slice: the mesh spans all {jax.device_count()} devices of {jax.process_count()} hosts "
           "(see docs/tpu.md, 'Pod slices')")
 
 try:
@@ -252,7 +257,8 @@ except Exception as exc:  # noqa: BLE001 - reported with the reason
 mesh = make_mesh()
 n = mesh.devices.size
 print(f"jaxchat mesh (the engine's default): axis 'tp' over {n} device(s)")
-x = jax.device_put(np.arange(8 * n, dtype=np.float32), NamedSharding(mesh, P("tp")))
+local_part = np.arange(8 * n, dtype=np.float32)
+x = jax.make_array_from_callback(local_part.shape, NamedSharding(mesh, P("tp")), lambda index: local_part[index])
 total = float(jax.jit(jnp.sum)(x))
 want = float(np.arange(8 * n, dtype=np.float32).sum())
 if total != want:
@@ -278,11 +284,14 @@ number of chips stays replicated):
 Add --host 0.0.0.0 --api-key KEY (or JAXCHAT_API_KEY) to accept other machines; --max-context N
 sets tokens per sequence (default 4096).
 
-Multi-host pod slices: NOT implemented. jaxchat never calls jax.distributed.initialize() (no
-JAXCHAT_DISTRIBUTED or similar setting exists) and its mesh only spans this host's local devices,
-so one model cannot be sharded across hosts. Run this script on every host with
+Multi-host pod slices: run the same command on every worker at once. The workers join one JAX
+runtime (jax.distributed finds its peers on a pod slice), each reads only its own shards of the
+weights onto one mesh over every chip of the slice, and worker 0 serves HTTP:
   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all --command 'cd /path/to/jaxchat && bash tpu_setup.sh'
-and see docs/tpu.md ('Pod slices') for what does and does not work.
+  gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all --command 'cd /path/to/jaxchat && .venv/bin/jaxchat serve --model /path/to/hf_dir --dtype bfloat16 --host 0.0.0.0'
+Outside a pod slice, name the processes yourself: on process I of N,
+  $bin/jaxchat serve --model /path/to/hf_dir --coordinator HOST0:PORT --num-processes N --process-id I
+See docs/tpu.md ('Pod slices') for checking it and for what happens when a host fails.
 EOF
 }
 

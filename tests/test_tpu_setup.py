@@ -103,4 +103,5 @@ def test_skip_install_and_assets_runs_the_check_and_prints_how_to_serve():
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert "installing packages" not in result.stdout and "fetching the offline assets" not in result.stdout
     assert "jaxchat serve --model /path/to/hf_dir --dtype bfloat16 --max-batch 32" in result.stdout
-    assert "Multi-host pod slices: NOT implemented" in result.stdout
+    assert "--worker=all --command 'cd /path/to/jaxchat && .venv/bin/jaxchat serve --model" in result.stdout
+    assert "--coordinator HOST0:PORT --num-processes N --process-id I" in result.stdout

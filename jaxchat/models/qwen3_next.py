@@ -248,9 +248,9 @@ def hf_tensors(cfg: ModelConfig, tensors: dict) -> dict:
             continue
         parts = {k: [out.pop(n) for n in ns] for k, ns in names.items()}
         g, dn = parts["gate"][0], parts["down"][0]
-        out[p + "gate_up_proj"] = replace(g, shape=(e, 2 * g.shape[0], g.shape[1]), load=_stack(
+        out[p + "gate_up_proj"] = replace(g, shape=(e, 2 * g.shape[0], g.shape[1]), load_slice=None, load=_stack(
             [(a, b) for a, b in zip(parts["gate"], parts["up"], strict=True)]))
-        out[p + "down_proj"] = replace(dn, shape=(e, *dn.shape), load=_stack([(x,) for x in parts["down"]]))
+        out[p + "down_proj"] = replace(dn, shape=(e, *dn.shape), load_slice=None, load=_stack([(x,) for x in parts["down"]]))
     return out
 
 
