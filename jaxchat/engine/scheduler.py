@@ -22,6 +22,12 @@ Contract:
   token, less the last) are taken without sampling: checked like sampled tokens, emitted as one delta,
   counted in `forced_tokens`. After a prefill's prompt they ride in the prefill itself; after a sampled token
   the row sits out the next decode and runs [token, *forced] in one extend step (`runner.extend`) instead.
+- Forced text is spelled the same way without jump-forward (`jump_forward=False`, or a request with logprobs):
+  the same tokens are planned after a sampled token (or the prompt) and taken one per decode step, each
+  step's mask narrowed to the planned token (`_pin`), then the model samples the token after them under the
+  grammar's mask, as with jump-forward. The two modes differ only in how many device steps the forced
+  tokens take (and the float rounding of the programs that ran them): the model never sees a forced text
+  spelled in pieces it was not trained on (`<`, `tool`, `_call` for the `<tool_call>` token).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class _Seq:
     finished: bool = False
     out_ids: list[int] = field(default_factory=list)
     pending: list[int] | None = None  # jump-forward: the sampled token and forced tokens its extend step runs
+    planned: list[int] = field(default_factory=list)  # forced tokens still to take one per step (no jumping)
 
 
 class Scheduler:
@@ -171,6 +178,8 @@ class Scheduler:
         seq.cached = start
         self.prefix_hit_tokens += start
         forced = self._jump(seq, req.prompt_ids[-1], n - start)  # text the grammar forces first rides in the prefill
+        if not forced and not seq.finished:
+            self._pin(seq, req.prompt_ids[-1], plan=True)
         if seq.finished:
             self._compact()
             return
@@ -228,6 +237,8 @@ class Scheduler:
     def _on_token(self, seq: _Seq, out: SampleOut, i: int) -> None:
         tok = int(out.tokens[i])
         s = seq.req.sampling
+        was_planned = bool(seq.planned) and seq.planned[0] == tok
+        seq.planned = seq.planned[1:] if was_planned else []
         seq.generated += 1
         seq.out_ids.append(tok)
         self.generated_tokens += 1
@@ -258,6 +269,31 @@ class Scheduler:
             self.sp.step[slot] = seq.generated
             seq.pending = [tok, *forced]
             self._extends.append(seq)
+        elif not forced:
+            self._pin(seq, tok, plan=not was_planned)  # after a planned run the model samples the next token
+
+    def _pin(self, seq: _Seq, prev: int, plan: bool) -> None:
+        """Without jumping: plan the forced tokens after a sampled token `prev` (`plan`), then narrow the row's
+        mask (already filled by the grammar) to the next planned token. A plan the grammar does not allow is
+        dropped (the model samples under the grammar's mask instead)."""
+        c = seq.req.constraint
+        jumping = self.jump_forward and seq.req.sampling.logprobs is None
+        if jumping or self.tokenizer is None or not hasattr(c, "forced_text"):
+            return
+        try:
+            if plan:
+                seq.planned = self._forced_ids(prev, c.forced_text())[: max(seq.req.sampling.max_tokens - seq.generated, 0)]
+            if not seq.planned:
+                return
+            tok, row = seq.planned[0], self.bitmask[seq.slot]
+            word, bit = divmod(tok, 32)
+            if not 0 <= word < len(row) or not (int(row[word]) >> bit) & 1:
+                seq.planned = []
+                return
+            row.fill(0)
+            row[word] = np.int32(np.uint32(1 << bit).view(np.int32))
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self._finish(seq, "error", error=f"{type(e).__name__}: {e}")
 
     # ---- jump-forward ---------------------------------------------------------------------------
     def _jump(self, seq: _Seq, prev: int, carried: int = 1) -> list[int]:

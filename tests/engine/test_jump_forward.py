@@ -67,6 +67,50 @@ class ForcingConstraint:
         return len(self.accepted) >= self.length
 
 
+class LooseForcingConstraint:
+    """Free printable-ASCII tokens, except that from output index `start` the text `forced` must come next,
+    spelled any way the vocabulary allows: every token whose text is a prefix of what is left is allowed (for
+    "hell": "h", "he", "hell"), as a grammar's mask allows. Ends after `length` tokens."""
+
+    TEXTS = [TOK.decode([t]) for t in range(len(TOK))]
+
+    def __init__(self, start: int, forced: str, length: int):
+        self.start, self.forced, self.length = start, forced, length
+        self.accepted: list[int] = []
+        self.left: str | None = None
+
+    def _left(self) -> str:
+        if self.left is None and len(self.accepted) >= self.start:
+            self.left = self.forced
+        return self.left or ""
+
+    def fill_mask(self, row: np.ndarray) -> None:
+        row.fill(0)
+        left = self._left()
+        allowed = [t for t, text in enumerate(self.TEXTS) if text and left.startswith(text)] if left else FREE
+        for t in allowed:
+            row[t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
+
+    def accept(self, token: int) -> bool:
+        left = self._left()
+        self.accepted.append(int(token))
+        if left:
+            self.left = left[len(self.TEXTS[token]):]
+        return True
+
+    def forced_text(self) -> str:
+        return self._left()
+
+    def accept_jumped(self, token: int) -> bool:
+        text = self.TEXTS[token]
+        if not text or not self._left().startswith(text):
+            return False
+        return self.accept(token)
+
+    def is_terminated(self) -> bool:
+        return len(self.accepted) >= self.length
+
+
 @pytest.fixture(scope="module")
 def engines():
     shapes = {"max_batch": 2, "max_context": 128, "length_buckets": (8, 32, 128), "start": False}
@@ -77,13 +121,12 @@ def engines():
     off.shutdown()
 
 
-def run(engine, requests):
+def run(engine, requests, constraint=ForcingConstraint):
     """Submit all requests one step apart, run to the end; per request (token ids, text, finish reason)."""
     sched = engine.scheduler
     got = {i: [] for i in range(len(requests))}
-    for i, (prompt, sampling, spans, length) in enumerate(requests):
-        sched.submit(GenerationRequest(TOK.encode(prompt), sampling, ForcingConstraint(spans, length), str(i)),
-                     got[i].append)
+    for i, (prompt, sampling, *spec) in enumerate(requests):
+        sched.submit(GenerationRequest(TOK.encode(prompt), sampling, constraint(*spec), str(i)), got[i].append)
         sched.step()
     while sched.has_work():
         sched.step()
@@ -125,6 +168,20 @@ def test_a_forced_span_is_taken_in_one_extend_step(engines):
     taken = on.scheduler.forced_tokens - forced
     assert taken == 14 + 11  # both spans less their last token
     assert on.scheduler.steps - steps <= off.scheduler.steps - off_steps - taken + 2
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_forced_text_is_spelled_as_the_tokenizer_spells_it_with_or_without_jump_forward(engines, start):
+    """Where the mask allows any spelling of the forced text, both modes write the tokenizer's ("hell" as one
+    token, not "h", "e", "ll"): without jump-forward the planned tokens are taken one step at a time under a
+    mask narrowed to each. After the prompt (start 0) and after sampled tokens (start 3)."""
+    on, off = engines
+    requests = [("zzz", SamplingParams(max_tokens=12), start, "hellhellhello", 12)]
+    with_jumps = run(on, requests, LooseForcingConstraint)
+    without = run(off, requests, LooseForcingConstraint)
+    assert with_jumps == without
+    tokens = without[0][0]
+    assert tokens[start:start + 4] == TOK.encode("hellhellhello", add_special_tokens=False)  # [hell, hell, hell, o]
 
 
 @pytest.mark.slow
