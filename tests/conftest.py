@@ -25,7 +25,8 @@ SERIAL = ("tests/reliability/", "tests/server/")
 # the end while the other worker idles. The notebooks come after the parity file, so that the default-model
 # server (same shapes) has compiled their programs into the shared compilation cache by the time they start.
 LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/models/test_parity.py", "tests/test_notebooks.py",
-                 "tests/e2e/test_truncation.py", "tests/constrain/test_walk.py", "tests/models/test_real_weights.py",
+                 "tests/e2e/test_truncation.py", "tests/e2e/test_multihost.py", "tests/constrain/test_walk.py",
+                 "tests/models/test_real_weights.py",
                  "tests/engine/test_real_model.py", "tests/models/test_hybrids.py", "tests/e2e/test_family_formats.py",
                  "tests/models/test_int8.py", "tests/e2e/test_stream_agreement.py", "tests/engine/test_attention_spans.py")
 

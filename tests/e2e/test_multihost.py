@@ -36,7 +36,7 @@ SERVE_ARGS = ["--max-batch", "4", "--max-context", "64"]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 REQUESTS = [  # (endpoint, body); greedy, several shapes of request in one batch
-    ("chat", {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 10}),
+    ("chat", {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 10, "logprobs": True}),
     ("chat", {"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 12, "stream": True}),
     ("chat", {"messages": [{"role": "user", "content": "A person, as JSON."}], "max_tokens": 24,
               "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}),
@@ -112,6 +112,8 @@ def _post(base: str, endpoint: str, body: dict, timeout: float = 300) -> tuple[i
         return err.code, json.loads(err.read())
     if not body.get("stream"):
         choice = json.loads(raw)["choices"][0]
+        if body.get("logprobs"):  # the tokens too: this tiny model's chat replies are mostly special tokens
+            return status, [choice["message"]["content"], [t["token"] for t in choice["logprobs"]["content"]]]
         return status, choice["text"] if endpoint == "completions" else choice["message"]["content"]
     text = []
     for line in raw.splitlines():
