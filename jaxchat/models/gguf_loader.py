@@ -199,7 +199,8 @@ def dequantized_cache_file(path: Path) -> Path | None:
 
 
 def _cached_tensors(handle) -> dict[str, Tensor]:
-    return {name: Tensor(tuple(handle.get_slice(name).get_shape()), lambda name=name: handle.get_tensor(name))
+    return {name: Tensor(tuple(handle.get_slice(name).get_shape()), lambda name=name: handle.get_tensor(name),
+                         lambda index, name=name: handle.get_slice(name)[index])  # a process's block (multi-host)
             for name in handle.keys()}  # noqa: SIM118 - safe_open handles are not iterable
 
 
