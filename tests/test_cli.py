@@ -163,3 +163,20 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--compile-cache", "x", "--no-compile-cache"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--coordinator", "127.0.0.1:5000"], "--coordinator, --num-processes and --process-id go together"),
+    (["--coordinator", "nohost", "--num-processes", "2", "--process-id", "0"], "'nohost' is not HOST:PORT"),
+    (["--coordinator", "127.0.0.1:5000", "--num-processes", "2", "--process-id", "2"], "--process-id 2 is not in 0..1"),
+    (["--coordinator", "127.0.0.1:5000", "--num-processes", "1", "--process-id", "0"], "at least 2"),
+])
+def test_multi_host_flags_are_checked_before_joining(flags, message, monkeypatch):
+    """Bad multi-host flags end `serve` with a clear message before anything joins or loads (the multi-host
+    path itself is tests/e2e/test_multihost.py)."""
+    import jaxchat.engine.host_memory as host_memory
+
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", *flags])
+    assert message in str(exc.value)

@@ -100,7 +100,7 @@ class LeaderLink:
 
     @classmethod
     def open(cls, followers: int, signature: str, on_lost: Callable[[str], None] | None = None,
-             timeout_s: float = 900.0) -> LeaderLink:
+             timeout_s: float = 3600.0) -> LeaderLink:
         host = cluster.coordinator_host()
         server = socket.create_server((host, 0))
         token = secrets.token_hex(16)
@@ -207,7 +207,7 @@ class FollowerLink:
         threading.Thread(target=self._heartbeat, name="jaxchat-link-heartbeat", daemon=True).start()
 
     @classmethod
-    def connect(cls, process_id: int, signature: str, timeout_s: float = 900.0,
+    def connect(cls, process_id: int, signature: str, timeout_s: float = 3600.0,
                 on_leader_lost: Callable[[str], None] | None = None) -> FollowerLink:
         info = json.loads(cluster.lookup(LINK_KEY, timeout_s))
         sock = socket.create_connection((info["host"], info["port"]), timeout=30)
