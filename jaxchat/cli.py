@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-prefix-cache", action="store_true",
                        help="prefill every prompt whole (default: reuse the K/V an idle slot holds of the prompt's prefix)")
     serve.add_argument("--no-jump-forward", action="store_true",
-                       help="sample every token (default: text the grammar forces is appended without sampling)")
+                       help="one device step per token (default: text the grammar forces is appended without "
+                            "sampling, in one step; either way it is spelled as the tokenizer spells it)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
