@@ -84,18 +84,11 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
             raise ModelLoadError(f"tensor {e.hf!r} maps to unknown param {'/'.join(e.path)}")
 
     for e in tqdm(tab.values(), desc=desc, unit="tensor", leave=False):
-        full = shapes[e.path][0]
-        target = full[1:] if e.layer is not None else full
-        index = () if e.layer is None else (e.layer,)
-        if e.expert is not None:  # one expert of an experts param
-            target, index = target[1:], (*index, e.expert)
-        if e.part is not None:
-            axis, start, stop = e.part
-            target = (*target[:axis], stop - start, *target[axis + 1:])
-            index = (*index, *(slice(None),) * axis, slice(start, stop))
+        lead, target, offset = _entry_target(e, shapes[e.path][0])
+        index = (*lead, *(slice(o, o + d) for o, d in zip(offset, target, strict=True)))
         raw = np.asarray(tensors[e.hf].load())
         read += raw.nbytes
-        buffers[e.path][index if index else ...] = convert(raw, e, target)  # cast on assignment
+        buffers[e.path][index] = convert(raw, e, target)  # cast on assignment
         filled[e.path] += int(np.prod(target))  # the table's slices of one param never overlap
     for p, n in filled.items():
         want = int(np.prod(shapes[p][0]))
