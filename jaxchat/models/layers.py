@@ -11,7 +11,7 @@ Contract:
   stored transposed, embed [embed, vocab] (also the tied lm head).
 - Weights a matmul contracts are declared with `param(..., contract=axes)` and multiplied through
   `quant.qeinsum` (lookups through `quant.take`): plain `jnp.einsum` for float weights, W8A8 when
-  `quantize.quantize_params` made them `quant.Int8Weight`s (the int8 MLP then runs on row-major activations).
+  `quantize.quantize_params` made them `quant.Int8Weight`s (the same forms).
 - Norms compute in float32 and cast back; `RMSNorm(gemma=True)` scales by (1 + w).
 - Rotary embeddings use the half-split (rotate_half) layout of HF checkpoints; `rope_inv_freq`
   implements the default, "linear", Llama 3 ("llama3"), YaRN ("yarn") and Gemma 4 "proportional"
@@ -340,8 +340,9 @@ class MLP(nnx.Module):
         # feature-major activations [d, N]: XLA:CPU's GEMM streams a row-major [out, in] matrix times a thin
         # [in, N] one markedly faster than [N, in] x [in, out] (MLP of 30 SmolLM2-sized layers: -29% at 1
         # row, -17% at 16). The transposes of the thin activations stay separate copies (barriers): folded
-        # into the dots they pick the slow kernel again. Sharding "mlp" gives each device matching gate,
-        # up and down slices.
+        # into the dots they pick the slow kernel again. Int8 weights take the same form: XLA's int8 x int8
+        # kernels run it faster than row-major activations too (`bench/int8_ceiling.py`: the int8 step at
+        # 16 rows -13%). Sharding "mlp" gives each device matching gate, up and down slices.
         self.gate_up = param((2, f, d), ("gate_up", "mlp", "embed"), dtype, contract=(2,))
         self.down = param((d, f), ("embed", "mlp"), dtype, contract=(1,))
         act = cfg.hidden_act
@@ -351,10 +352,6 @@ class MLP(nnx.Module):
 
     def __call__(self, x):
         lead, d = x.shape[:-1], x.shape[-1]
-        if quant.is_quantized(self.gate_up[...]):  # int8: row-major activations, both operands contract their minor axis
-            h = qeinsum("nd,cfd->cnf", x.reshape(-1, d), self.gate_up[...])
-            g = jax.nn.gelu(h[0], approximate=True) if self.gelu else jax.nn.silu(h[0])
-            return qeinsum("nf,df->nd", g * h[1], self.down[...]).reshape(*lead, d)
         xt = jax.lax.optimization_barrier(x.reshape(-1, d).T)  # [d, N]
         h = qeinsum("cfd,dn->cfn", self.gate_up[...], xt)
         g, u = h[0], h[1]
