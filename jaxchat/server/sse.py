@@ -60,7 +60,9 @@ class Drain:
         self.cut = False
         self.message = SHUTDOWN_MESSAGE  # why: what the 503s and error events say
         self._listeners: set[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = set()
-        self._lock = threading.Lock()
+        # Re-entrant: SIGTERM's handler (`begin`) runs on the main thread between any two bytecodes, possibly
+        # while that same thread holds the lock in `listen` or `unlisten`; a plain lock would deadlock there.
+        self._lock = threading.RLock()
 
     def begin(self, grace: float, message: str = SHUTDOWN_MESSAGE) -> None:
         with self._lock:
