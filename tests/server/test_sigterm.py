@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.server.helpers import chat, sse_events
 
@@ -71,3 +72,25 @@ def test_sigterm_drains_streams_and_exits_zero():
     assert short[-1] == "[DONE]" and short[-2]["choices"][0]["finish_reason"] == "stop"  # finished within grace
     long = sse_events(results["long"])
     assert long[-1] == "[DONE]" and long[-2]["error"]["code"] == "server_shutdown"
+
+
+@pytest.mark.timeout(20)
+def test_sigterm_while_the_main_thread_holds_the_drain_lock_does_not_deadlock():
+    """uvicorn handles SIGTERM with `signal.signal`, so its handler (`Drain.begin`) can run on the main thread
+    between two bytecodes of `listen` / `unlisten` while that thread holds the drain's lock."""
+    import os
+
+    from jaxchat.server.sse import Drain
+
+    drain = Drain()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: drain.begin(60.0))
+    try:
+        with drain._lock:  # as `unlisten` holds it when the signal lands
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(1000):  # the handler runs here, between these bytecodes
+                if drain.draining:
+                    break
+                time.sleep(0.001)
+        assert drain.draining
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
