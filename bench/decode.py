@@ -268,20 +268,25 @@ def context_scaling(name: str, model, contexts: list[int], args) -> tuple[str, l
 
 
 def random_model(name: str, dtype: str):
+    return random_model_of(RANDOM_CONFIGS[name], dtype, source=f"random:{name}")
+
+
+def random_model_of(config: dict, dtype: str, source: str = "random"):
+    """A `LoadedModel` of `config` (`ModelConfig` fields) with normal(0, 0.02) weights, seed 0."""
     import jax
     from flax import nnx
 
     from jaxchat.models import LoadedModel, ModelConfig
     from jaxchat.models.families import abstract_model, as_params
 
-    cfg = ModelConfig(**RANDOM_CONFIGS[name])
+    cfg = ModelConfig(**config)
     graphdef, abstract = abstract_model(cfg, dtype)
     shapes = as_params(nnx.to_pure_dict(abstract), cfg)
     leaves, tree = jax.tree.flatten(shapes)
     keys = jax.random.split(jax.random.key(0), len(leaves))
     params = jax.tree.unflatten(tree, [(jax.random.normal(k, x.shape, jax.numpy.float32) * 0.02).astype(x.dtype)
                                        for k, x in zip(keys, leaves, strict=True)])
-    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=None, eos_token_ids=(), source=f"random:{name}")
+    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=None, eos_token_ids=(), source=source)
 
 
 if __name__ == "__main__":

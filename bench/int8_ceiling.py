@@ -36,8 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
 def step_program(model, batch: int, context: int):
-    """(jitted step, its first arguments): one decode token per row at position context // 2, caches donated."""
+    """(compiled step, its first arguments): one decode token per row at position context // 2, caches donated."""
     import jax
     import jax.numpy as jnp
 
@@ -48,16 +49,16 @@ def step_program(model, batch: int, context: int):
     def step(params, head_vd, tokens, positions, cache_k, cache_v):
         return sm.forward(params, tokens, positions, cache_k, cache_v, head_vd=head_vd, attend_len=context)
 
-    fn = jax.jit(step, donate_argnums=(4, 5))
     tokens = jnp.zeros((batch, 1), jnp.int32)
     positions = jnp.full((batch, 1), context // 2, jnp.int32)
-    return fn, [sm.params, head, tokens, positions, ck, cv]
+    args = [sm.params, head, tokens, positions, ck, cv]
+    return jax.jit(step, donate_argnums=(4, 5)).lower(*args).compile(), args
 
 
-def weight_matmuls(fn, args) -> set[str]:
+def weight_matmuls(compiled) -> set[str]:
     """Names of the compiled program's instructions that multiply by a weight: a dot, or a fusion around one,
     with no batch dimensions (attention's dots batch over rows and kv heads; the weight matmuls have none)."""
-    hlo = fn.lower(*args).compile().as_text()
+    hlo = compiled.as_text()
     bodies, name = {}, None
     for line in hlo.splitlines():
         head = re.match(r"(?:ENTRY )?%([\w.\-]+) .*\{$", line)
@@ -90,7 +91,7 @@ def profile_step(model, batch: int, context: int, steps: int) -> tuple[float, fl
     import jax
 
     fn, args = step_program(model, batch, context)
-    matmuls = weight_matmuls(fn, args)
+    matmuls = weight_matmuls(fn)
     for _ in range(3):  # warm-up; each step's caches feed the next
         _, args[4], args[5] = fn(*args)
     jax.block_until_ready(args[4])

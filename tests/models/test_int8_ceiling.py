@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import int8_ceiling  # noqa: E402
+from bench.decode import random_model_of  # noqa: E402
 
 TINY = {"family": "qwen2", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2,
         "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "rope_theta": 1e4, "attention_bias": True,
@@ -20,19 +20,9 @@ TINY = {"family": "qwen2", "vocab_size": 512, "hidden_size": 64, "intermediate_s
 
 
 def tiny_model(quantize: str | None):
-    from flax import nnx
-
-    from jaxchat.models import LoadedModel, ModelConfig
-    from jaxchat.models.families import abstract_model, as_params
     from jaxchat.models.load import quantized
 
-    cfg = ModelConfig(**TINY)
-    graphdef, abstract = abstract_model(cfg, "float32")
-    shapes = as_params(nnx.to_pure_dict(abstract), cfg)
-    leaves, tree = jax.tree.flatten(shapes)
-    keys = jax.random.split(jax.random.key(0), len(leaves))
-    params = jax.tree.unflatten(tree, [jax.random.normal(k, x.shape) * 0.1 for k, x in zip(keys, leaves, strict=True)])
-    return quantized(LoadedModel(cfg, graphdef, params, "float32", source="random:tiny"), quantize)
+    return quantized(random_model_of(TINY, "float32"), quantize)
 
 
 @pytest.mark.parametrize("quantize", [None, "int8"])
@@ -40,7 +30,7 @@ def tiny_model(quantize: str | None):
 def test_weight_matmuls_are_the_steps_projections(quantize, batch):
     model = tiny_model(quantize)
     fn, args = int8_ceiling.step_program(model, batch, 32)
-    found = int8_ceiling.weight_matmuls(fn, args)
+    found = int8_ceiling.weight_matmuls(fn)
     assert len(found) == 4 * TINY["num_layers"] + 1, sorted(found)
     wall, matmul, rest = int8_ceiling.profile_step(model, batch, 32, steps=2)
     assert wall > 0 and matmul > 0 and rest > 0
