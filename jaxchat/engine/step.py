@@ -35,6 +35,14 @@ Contract:
   row compute the logits from a vocab-major copy of the lm head (kept next to the params under
   "head_vd"): XLA:CPU's GEMM runs [V, d] . x^T ~1.5x faster than x . [d, V] at 16 rows, while one row is
   faster the other way. It costs one more copy of the head in memory.
+- Mixed steps (`prefill_chunk` C > 0 and `StepModel.mixed_steps`): `mixed(tokens[b], positions[b], chunk, slot,
+  start, bitmask[b + 1, W], sampling[b + 1], ...)` runs one decode token for each of rows 0..b-1 and up to C
+  prompt tokens into row `slot` (positions start..) in ONE forward (`StepModel.forward(mixed=(b, 1, C))`:
+  the weights are read once for both), then samples all b + 1 rows through the same masked sampler (the
+  last row: the token after the chunk, used only when it ends the prompt, `final`). The chunk row keeps
+  position -1 among the decode rows. `fresh` (its first chunk) resets the row's counts and sets its prompt
+  mask, as prefill does. Its decode part has a batch bucket of `mixed_buckets` (the largest batch bucket
+  and the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
   also compiles `swap`; `runner.keep_prefixes` says whether it is on.
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
@@ -156,6 +164,7 @@ class StepRunner:
         span_buckets: Sequence[int] | None = None,
         keep_prefixes: bool = False,
         executables: ExecutableStore | None = None,
+        prefill_chunk: int = 0,
     ) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         # reuse idle rows' prefixes (the scheduler's prefix cache): only where the model's cache is positional
@@ -167,6 +176,10 @@ class StepRunner:
         if not model.attention_spans:
             spans = (self.max_context,)  # a forward without attend_len always reads the whole cache
         self.span_buckets = spans
+        # prompt tokens a mixed step carries beside the decode rows (0: none, prompts take prefill programs)
+        self.prefill_chunk = min(int(prefill_chunk), self.max_context) if model.mixed_steps and max_batch > 1 else 0
+        top = self.batch_buckets[-1]
+        self.mixed_buckets = tuple(b for b in self.batch_buckets if b == top or (b * 4 == top)) if self.prefill_chunk else ()
         self.mesh = mesh
         self.layout = model.layout
         self.executables = executables
@@ -203,6 +216,15 @@ class StepRunner:
             )
             for span in self.span_buckets
         }
+        self._mixeds = {
+            span: jax.jit(
+                functools.partial(self._mixed_impl, span=None if span == self.max_context else span),
+                donate_argnums=(1,),
+                in_shardings=(param_sh, state_sh) + (rep,) * 12,
+                out_shardings=(state_sh, rep),
+            )
+            for span in (self.span_buckets if self.prefill_chunk else ())
+        }
         self._prefill = jax.jit(
             self._prefill_impl,
             donate_argnums=(1,),
@@ -218,6 +240,38 @@ class StepRunner:
     def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays, span=None):
         return decode_step(params, state, tokens, positions, bitmask, sp, forward=self._forward,
                            valid_vocab=self.valid_vocab, max_batch=self.max_batch, span=span)
+
+    def _mixed_impl(self, params, state: DecodeState, tokens, positions, chunk, chunk_positions, slot, length,
+                    fresh, pmask, count_from, final, bitmask, sp: SamplingArrays, span=None):
+        # One forward over [b decode tokens | C chunk tokens] (`attend_cached` splits attention by row), logits
+        # at each decode token and the chunk's last; then the counts and prompt mask as decode and prefill keep
+        # them: decode rows count their sampled token, the chunk row (reset when `fresh`) its counted tokens and,
+        # when the chunk ends the prompt (`final`), its sampled token.
+        b, c = tokens.shape[0], chunk.shape[1]
+        params, head_vd = split_vocab_major_head(params)
+        extra = {} if span is None else {"attend_len": span}
+        if head_vd is not None:
+            extra["head_vd"] = head_vd
+        index = jnp.concatenate([jnp.arange(b, dtype=jnp.int32), jnp.reshape(b + length - 1, (1,))])
+        logits, ck, cv = self._forward(params, jnp.concatenate([tokens, chunk[0]])[None],
+                                       jnp.concatenate([positions, chunk_positions[0]])[None], state.cache_k,
+                                       state.cache_v, row_offset=slot, logits_index=index[None], mixed=(b, 1, c),
+                                       **extra)
+        row_counts = jnp.where(fresh, 0, jax.lax.dynamic_slice_in_dim(state.counts, slot, 1, axis=0))
+        counted = (chunk_positions[0] >= count_from) & (jnp.arange(c) < length)
+        row_counts = row_counts.at[0, chunk[0]].add(counted.astype(jnp.int32))
+        row_pmask = jnp.where(fresh, pmask, jax.lax.dynamic_slice_in_dim(state.prompt_mask, slot, 1, axis=0))
+        out = sample(logits[0], bitmask, jnp.concatenate([state.counts[:b], row_counts]),
+                     jnp.concatenate([state.prompt_mask[:b], row_pmask]), sp, self.valid_vocab)
+        decoded = state.counts[:b].at[jnp.arange(b), out.tokens[:b]].add((positions >= 0).astype(jnp.int32))
+        counts = jax.lax.dynamic_update_slice_in_dim(state.counts, decoded, 0, axis=0)
+        row_counts = row_counts.at[0, out.tokens[b]].add(final.astype(jnp.int32))
+        return DecodeState(
+            ck,
+            cv,
+            jax.lax.dynamic_update_slice_in_dim(counts, row_counts, slot, axis=0),
+            jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, row_pmask, slot, axis=0),
+        ), out
 
     def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, pmask, bitmask, sp,
                       count_from, extend):
@@ -301,6 +355,22 @@ class StepRunner:
                                                np.int32(n), pmask, bitmask, sp, np.int32(count_from),
                                                np.bool_(extend))
 
+    def _mixed_call(self, tokens: np.ndarray, positions: np.ndarray, slot: int, chunk: Sequence[int], start: int,
+                    bitmask: np.ndarray, sp: SamplingArrays, pmask: np.ndarray, fresh: bool, count_from: int,
+                    final: bool):
+        n, c = len(chunk), self.prefill_chunk
+        if not 0 < n <= c or start < 0 or start + n > self.max_context or not 0 <= slot < self.max_batch:
+            raise ValueError(f"a chunk of {n} tokens from position {start} into row {slot} does not fit 1..{c} "
+                             f"tokens within the context of {self.max_context}")
+        padded = np.zeros((1, c), np.int32)
+        padded[0, :n] = chunk
+        chunk_positions = np.full((1, c), -1, np.int32)
+        chunk_positions[0, :n] = np.arange(start, start + n, dtype=np.int32)
+        span = bucket_for(max(int(np.max(positions, initial=0)), start + n - 1) + 1, self.span_buckets)
+        return ("mixed", span, len(tokens), c), self._mixeds[span], (
+            self.params, self.state, tokens, positions, padded, chunk_positions, np.int32(slot), np.int32(n),
+            np.bool_(fresh), pmask, np.int32(count_from), np.bool_(final), bitmask, sp)
+
     def _run(self, key: tuple, program, args: tuple) -> SampleOut:
         """Run a sampling program (its warmed-up executable when there is one); host numpy outputs."""
         self.state, out = self._compiled.get(key, program)(*args)
@@ -323,6 +393,22 @@ class StepRunner:
         pmask = np.zeros((1, self.vocab_size), np.bool_)  # unused: the row keeps its own
         return self._run(*self._chunk_call(slot, tokens, start, bitmask, sp, pmask, start + 1, extend=True))
 
+    def mixed(self, tokens: np.ndarray, positions: np.ndarray, slot: int, chunk: Sequence[int], start: int,
+              bitmask: np.ndarray, sp: SamplingArrays, prompt: Sequence[int] | None = None, count_from: int = 0,
+              final: bool = True) -> SampleOut:
+        """One mixed step: a decode token for each of rows 0..len(tokens)-1 (a `mixed_buckets` bucket; position
+        -1: idle, as the chunk's row is) and `chunk` (at most `prefill_chunk` tokens) into row `slot` at
+        positions start..; outputs for len(tokens) + 1 rows, the chunk row's last. `prompt` (its first chunk
+        only): the row's counts restart and its prompt mask becomes these tokens (else both are kept); chunk
+        tokens at positions >= count_from are counted as outputs (forced text); `final`: the chunk ends the
+        prompt, so its sampled token is counted."""
+        pmask = np.zeros((1, self.vocab_size), np.bool_)
+        if prompt is not None:
+            ids = np.asarray(prompt, np.int64)
+            pmask[0, ids[(ids >= 0) & (ids < self.vocab_size)]] = True
+        return self._run(*self._mixed_call(tokens, positions, slot, chunk, start, bitmask, sp, pmask,
+                                           prompt is not None, count_from, final))
+
     def move(self, src: int, dst: int) -> None:
         self.state = self._compiled.get(("move",), self._move)(self.state, np.int32(src), np.int32(dst))
 
@@ -342,6 +428,12 @@ class StepRunner:
                 positions = np.full(b, -1, np.int32)
                 positions[0] = span - 1
                 calls.append(self._decode_call(np.zeros(b, np.int32), positions, mask, sp))
+        for b in self.mixed_buckets:
+            sp, mask = SamplingArrays.numpy(b + 1), np.zeros((b + 1, self.mask_words), np.int32)
+            pmask = np.zeros((1, self.vocab_size), np.bool_)
+            for span in self.span_buckets:
+                calls.append(self._mixed_call(np.zeros(b, np.int32), np.full(b, -1, np.int32), 0, [0],
+                                              span - 1, mask, sp, pmask, True, 0, True))
         sp1, mask1 = SamplingArrays.numpy(1), np.zeros((1, self.mask_words), np.int32)
         for t in self.length_buckets:
             calls.append(self._prefill_call(0, [0] * min(t, self.max_context - 1), mask1, sp1))

@@ -20,7 +20,10 @@ Contract:
   batch is below it, so attention reads only the first attend_len cache positions (every write is below
   them); `head_vd` [vocab, hidden] (`vocab_major_head(params)`, a copy of the lm head
   stored vocab-major): the logits are computed from it instead (same values; faster for several rows
-  on CPU, see `layers.vocab_major_logits`); `layout` (static, see below).
+  on CPU, see `layers.vocab_major_logits`); `layout` (static, see below); `mixed` (static (B, K, C), only
+  where `StepModel.mixed_steps`): tokens and positions are [1, B + K*C], B decode tokens for cache rows
+  0..B-1 then K chunks of C tokens for rows row_offset..row_offset+K-1, and `logits_index` is [1, N]
+  (`layers.attend_cached`).
 - Two layouts, named by `layout` and never guessed from the arrays: "stacked" (the default): layer
   params stacked on a leading `num_layers` axis and the stacked cache above; the layers are scanned
   (compact program, preferred on accelerators). "unrolled" (what the engine uses on CPU):
@@ -79,6 +82,8 @@ class StepModel(NamedTuple):
     # every layer's cache is indexed by position (no RecurrentState), so a row's first n positions stay valid
     # for any continuation of its first n tokens (prefix reuse)
     prefix_reuse: bool = True
+    # the forward takes `mixed`: decode tokens and prompt chunks in one call (the step runner's mixed steps)
+    mixed_steps: bool = False
 
 
 class LoadedModel:
@@ -103,22 +108,25 @@ class LoadedModel:
         self.stacked = is_stacked(config)  # False: a listed family (`layers.CausalLM`), unrolled only
 
     def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None,
-                attend_len=None, head_vd=None, layout: Layout = "stacked"):
+                attend_len=None, head_vd=None, layout: Layout = "stacked", mixed=None):
         """Pure forward over the cache, params and cache in `layout`; see the module docstring."""
         from flax import nnx
 
+        if mixed is not None and not self.mixed_steps:
+            raise ValueError(f"{self.config.family} does not run mixed steps")
+        extra = {"head_vd": head_vd} if mixed is None else {"head_vd": head_vd, "mixed": mixed}
         if not self.stacked:  # a listed family: its per-layer params and caches are its only layout
             module = nnx.merge(self.graphdef, {**params, "layers": dict(enumerate(params["layers"]))})
             return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len,
-                          head_vd=head_vd)
+                          **extra)
         if layout == "unrolled":  # per-layer params (`unstack_layers`): a Python loop over the layers
             layers = params["layers"]
             module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
             return module(tokens, positions, cache_k, cache_v, row_offset, logits_index,
-                          layer_states=tuple(layers), attend_len=attend_len, head_vd=head_vd)
+                          layer_states=tuple(layers), attend_len=attend_len, **extra)
         module = nnx.merge(self.graphdef, params)
         return module(tokens, positions, cache_k, cache_v, row_offset, logits_index, attend_len=attend_len,
-                      head_vd=head_vd)
+                      **extra)
 
     def step_model(self, params, platform: str) -> StepModel:
         """How the engine's step runner runs this model, with `params` (placed), on devices of `platform`.
@@ -132,19 +140,29 @@ class LoadedModel:
             return StepModel(layout="unrolled", params=params, forward=functools.partial(self.forward, layout="unrolled"),
                              new_cache=self.layer_cache, attention_spans=True,
                              vocab_major_head=self.vocab_major_head if platform == "cpu" else None,
-                             prefix_reuse=self.positional_cache)
+                             prefix_reuse=self.positional_cache, mixed_steps=self.mixed_steps)
         if platform == "cpu":
             return StepModel(layout="unrolled", params=unstack_layers(params),
                              forward=functools.partial(self.forward, layout="unrolled"),
                              new_cache=self.layer_cache, attention_spans=True,
-                             vocab_major_head=self.vocab_major_head, prefix_reuse=self.positional_cache)
+                             vocab_major_head=self.vocab_major_head, prefix_reuse=self.positional_cache,
+                             mixed_steps=self.mixed_steps)
 
         def stacked_cache(batch: int, max_len: int, spans: Sequence[int] = ()):
             return self.empty_cache(batch, max_len)  # one buffer over all positions: spans do not cut it
 
         return StepModel(layout="stacked", params=params, forward=functools.partial(self.forward, layout="stacked"),
                          new_cache=stacked_cache, attention_spans=True, vocab_major_head=None,
-                         prefix_reuse=self.positional_cache)
+                         prefix_reuse=self.positional_cache, mixed_steps=self.mixed_steps)
+
+    @property
+    def mixed_steps(self) -> bool:
+        """Whether the forward runs decode tokens and prompt chunks together (`mixed`): a positional cache (a
+        recurrent state advances one row's tokens in order, which a chunk beside decode rows would not keep)
+        and a family whose attention splits them (`layers.CausalLM.mixed_steps`)."""
+        from jaxchat.models.families import family_module
+
+        return self.positional_cache and bool(family_module(self.config.family).Model.mixed_steps)
 
     @property
     def positional_cache(self) -> bool:

@@ -195,6 +195,9 @@ class Model(CausalLM):
     """The listed-layers causal LM: its own forward loop (per-layer inputs, KV sharing, two head shapes)."""
 
     stacked = False
+    # its KV-shared layers keep only the logits positions of each row (`_keep`), which a mixed step's one
+    # row of decode tokens and chunks does not fit: new prompts are prefilled in programs of their own
+    mixed_steps = False
 
     @classmethod
     def block_for(cls, cfg: ModelConfig, i: int, dtype):

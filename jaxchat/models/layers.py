@@ -52,6 +52,9 @@ class CacheSlot(NamedTuple):
     layer: Any  # index into a stacked cache [L, Bc, S, KV, D] (int or traced int32); None with per_layer
     row_offset: Any  # the B token rows are cache rows row_offset .. row_offset + B - 1 (int or traced int32)
     per_layer: bool  # the cache is this layer's own (`base.layer_cache`): tuples of position chunks
+    # a mixed step (static (B, K, C)): the token axis [1, B + K*C] holds B decode tokens, one per cache row
+    # 0..B-1, then K chunks of C tokens for cache rows row_offset .. row_offset + K - 1 (`attend_cached`)
+    mixed: tuple[int, int, int] | None = None
 
 
 def param(shape, axes, dtype, init=0.0, contract: tuple[int, ...] | None = None) -> nnx.Param:
@@ -228,13 +231,39 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        span = mask.shape[-1]  # attend over the first `span` cache positions only (see CausalLM)
-        cache, keys, values = kv_io(cache, k, v, positions, slot, span)
-        out = attend(q, keys, values, mask, self.scale, self.softcap, self.sinks[...] if self.has_sinks else None)
+        sinks = self.sinks[...] if self.has_sinks else None
+        cache, out = attend_cached(q, k, v, positions, cache, mask, slot,
+                                   lambda *a: attend(*a, self.scale, self.softcap, sinks))
         out = qeinsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
         if self.has_o_bias:
             out = out + self.o_bias[...]
         return out, cache
+
+
+def attend_cached(q, k, v, positions, cache, mask, slot: CacheSlot, attend_fn):
+    """Write k/v [B, T, KV, D] into the cache (`kv_io`) and return (cache, attend_fn(q, keys, values, mask)),
+    attending over the first mask.shape[-1] cache positions.
+
+    For a mixed step (`slot.mixed` = (B, K, C), every array's token axis [1, B + K*C]) the two parts are
+    written and attended separately, decode rows first: the B decode tokens as [B, 1] over cache rows
+    0..B-1, then the chunks as [K, C] over rows slot.row_offset.. (which hold no decoding token: their
+    decode positions are padding). Only attention is split; every other op of the layer runs on all
+    B + K*C tokens at once, so the weights are read once for both."""
+    span = mask.shape[-1]
+    if slot.mixed is None:
+        cache, keys, values = kv_io(cache, k, v, positions, slot, span)
+        return cache, attend_fn(q, keys, values, mask)
+    b, kc, c = slot.mixed
+    outs = []
+    for start, rows, cols, part in ((0, b, 1, slot._replace(row_offset=0, mixed=None)),
+                                    (b, kc, c, slot._replace(mixed=None))):
+        def cut(a, start=start, rows=rows, cols=cols):
+            return a[0, start:start + rows * cols].reshape(rows, cols, *a.shape[2:])
+
+        cache, keys, values = kv_io(cache, cut(k), cut(v), cut(positions), part, span)
+        out = attend_fn(cut(q), keys, values, cut(mask))
+        outs.append(out.reshape(1, rows * cols, *out.shape[2:]))
+    return cache, jnp.concatenate(outs, axis=1)
 
 
 def attend(q, keys, values, mask, scale: float, softcap: float | None = None, sinks=None):
@@ -370,7 +399,8 @@ def make_stack(cfg: ModelConfig, block_cls, dtype):
     return build()
 
 
-def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0, layer_states=None):
+def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0, layer_states=None,
+              mixed=None):
     """Run the blocks. ropes/masks: (global, local) pairs; sliding: bool per layer.
 
     With stacked params (`layer_states` None) the blocks are scanned over the stacked cache; with
@@ -382,7 +412,7 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
     n = len(sliding)
     if layer_states is not None:
         blocks = [nnx.merge(graphdef, st) for st in layer_states]
-        return run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset)
+        return run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset, mixed)
 
     def body(carry, xs):
         h, ck, cv = carry
@@ -390,7 +420,7 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
         block = nnx.merge(graphdef, st)
         rope = tuple(jnp.where(is_local, a, b) for a, b in zip(ropes[1], ropes[0], strict=True))
         mask = jnp.where(is_local, masks[1], masks[0])
-        slot = CacheSlot(layer=idx, row_offset=row_offset, per_layer=False)
+        slot = CacheSlot(layer=idx, row_offset=row_offset, per_layer=False, mixed=mixed)
         h, (ck, cv) = block(h, rope, positions, (ck, cv), mask, slot)
         return (h, ck, cv), None
 
@@ -399,10 +429,10 @@ def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row
     return x, cache_k, cache_v
 
 
-def run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0):
+def run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0, mixed=None):
     """Run a listed family's blocks in order over their per-layer caches (see `run_stack`'s unrolled loop)."""
     cks, cvs = list(cache_k), list(cache_v)
-    slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True)
+    slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True, mixed=mixed)
     for i, block in enumerate(blocks):
         j = 1 if sliding[i] else 0
         x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], slot)
@@ -422,6 +452,7 @@ class CausalLM(nnx.Module):
     block_cls: type = None  # set by the family module
     gemma = False
     stacked = True
+    mixed_steps = True  # the forward takes `mixed` (every layer's attention goes through `attend_cached`)
 
     @classmethod
     def is_stacked(cls, cfg: ModelConfig) -> bool:
@@ -453,7 +484,7 @@ class CausalLM(nnx.Module):
             self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype, contract=(0,))
 
     def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None,
-                 attend_len=None, head_vd=None):
+                 attend_len=None, head_vd=None, mixed=None):
         cfg = self.config
         table = self.embed[...]
         x = jnp.moveaxis(quant.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
@@ -468,12 +499,12 @@ class CausalLM(nnx.Module):
         mask_l = attention_mask(positions, s, cfg.sliding_window) if cfg.sliding_window else mask_g
         if self.stacked:
             x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v, (glob, local),
-                                            (mask_g, mask_l), cfg.is_sliding, row_offset, layer_states)
+                                            (mask_g, mask_l), cfg.is_sliding, row_offset, layer_states, mixed)
         else:
             x, cache_k, cache_v = run_listed(self.layers, x, positions, cache_k, cache_v, (glob, local),
-                                             (mask_g, mask_l), cfg.is_sliding, row_offset)
-        if logits_index is not None:  # only the needed position per row: [B, 1, D]
-            x = jnp.take_along_axis(x, logits_index.astype(jnp.int32)[:, None, None], axis=1)
+                                             (mask_g, mask_l), cfg.is_sliding, row_offset, mixed)
+        if logits_index is not None:
+            x = take_logits_positions(x, logits_index)
         x = self.final_norm(x)
         if head_vd is not None:
             logits = vocab_major_logits(x, head_vd)
@@ -485,6 +516,14 @@ class CausalLM(nnx.Module):
             cap = cfg.final_logit_softcapping
             logits = jnp.tanh(logits / cap) * cap
         return logits.astype(jnp.float32), cache_k, cache_v
+
+
+def take_logits_positions(x, index):
+    """x [B, T, d] at the steps whose logits are wanted: index int32[B] gives one step per row, [B, 1, d];
+    index int32[B, N] gives N steps per row, [B, N, d] (a mixed step's decode tokens and chunk ends)."""
+    idx = index.astype(jnp.int32)
+    idx = idx[:, None, None] if idx.ndim == 1 else idx[:, :, None]
+    return jnp.take_along_axis(x, idx, axis=1)
 
 
 def vocab_major_logits(x, head_vd):
