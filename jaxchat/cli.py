@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-jump-forward", action="store_true",
                        help="one device step per token (default: text the grammar forces is appended without "
                             "sampling, in one step; either way it is spelled as the tokenizer spells it)")
+    serve.add_argument("--prefill-chunk", type=int, default=64, metavar="N",
+                       help="a prompt arriving while others decode is prefilled N tokens per step inside their decode "
+                            "steps, so running requests never stall (default 64; 0: a prefill program of its own)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -109,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
     engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
-                       jump_forward=not args.no_jump_forward)
+                       jump_forward=not args.no_jump_forward, prefill_chunk=args.prefill_chunk)
     if rank is not None and rank > 0:
         return _follow(args.model, rank, engine_args)
     service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
@@ -219,6 +222,8 @@ def _chat(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _positive(args, "max_batch", "max_context", "port")
+    if getattr(args, "prefill_chunk", 0) < 0:
+        raise SystemExit("jaxchat: error: --prefill-chunk must be 0 (off) or positive")
     if args.command == "serve":
         return _serve(args)
     if args.command == "convert":

@@ -17,6 +17,9 @@ Contract:
   turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
   layers, every prompt is prefilled whole. Greedy outputs agree either way up to float rounding (a reused
   prefix's K/V came from other programs: decode steps, another prefill length).
+- `prefill_chunk=64`: a prompt arriving while other rows decode is prefilled that many tokens per step inside
+  their decode steps (mixed steps, `scheduler`), for models whose forward runs them (`StepModel.mixed_steps`);
+  0 prefills every prompt in a program of its own, stalling the running rows.
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
   the next engine on the same model and shapes loads them instead of tracing and compiling.
@@ -26,7 +29,7 @@ Contract:
   stops stepping; the requests it held fail after `CLUSTER_LOST_HOLD_S` (the server has answered them 503 by
   then, see `jaxchat serve`). A multi-process engine keeps no serialized executables.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
-  prefix_cache_hit_tokens, jump_forward_tokens, compile_count, compiles_after_warmup, compile_cache_hits,
+  prefix_cache_hit_tokens, jump_forward_tokens, mixed_steps, compile_count, compiles_after_warmup, compile_cache_hits,
   programs_loaded) for /metrics; `engine.shutdown()` stops the thread (idempotent).
 """
 
@@ -75,6 +78,7 @@ class Engine:
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,
         jump_forward: bool = True,
+        prefill_chunk: int = 64,
         warmup: bool = True,
         start: bool = True,
     ) -> None:
@@ -96,6 +100,7 @@ class Engine:
             keep_prefixes=prefix_cache,
             executables=None if executable_cache is None or jax.process_count() > 1
             else ExecutableStore(executable_cache, program_identity(model)),
+            prefill_chunk=prefill_chunk,
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step,
                                    jump_forward=jump_forward)
@@ -248,6 +253,7 @@ class Engine:
             "generated_tokens": s.generated_tokens,
             "prefix_cache_hit_tokens": s.prefix_hit_tokens,
             "jump_forward_tokens": s.forced_tokens,
+            "mixed_steps": s.mixed_steps,
             "compile_count": total,
             "compiles_after_warmup": total - self._compiles_at_ready,
             "compile_cache_hits": cache_hit_count(),

@@ -4,7 +4,12 @@ Contract:
 - `Scheduler.submit(request, emit)` queues a request; `emit(GenerationOutput)` is called (from the thread
   that calls `step()`) with each delta, the last one having `finished=True` and a `finish_reason`.
 - `step()` does one iteration: apply aborts, admit and prefill up to `max_prefills_per_step` waiting
-  requests into free slots, then one batched decode step over the running rows.  Active requests always
+  requests into free slots, then one batched decode step over the running rows.
+- Mixed steps (`runner.prefill_chunk` > 0): a request admitted while other rows decode is not prefilled in a
+  program of its own. Its prompt (and the forced text after it) is run `prefill_chunk` tokens at a time, one
+  chunk per step, inside the decode step of the running rows (`runner.mixed`), oldest arrival first; the
+  token sampled after its last chunk is its first output. Running rows never stall for an arrival. With no
+  row decoding, a fresh arrival is prefilled whole as before (`mixed_steps` counts the mixed ones).  Active requests always
   occupy slots `0..n-1` (a finished request's slot is refilled by moving the highest one down), so the
   decode batch bucket is the smallest one >= n and host work is proportional to the active rows only.
 - Per row: its own constraint (None = all-ones mask, no host work), sampling parameters and stop
@@ -67,6 +72,9 @@ class _Seq:
     finished: bool = False
     out_ids: list[int] = field(default_factory=list)
     pending: list[int] | None = None  # jump-forward: the sampled token and forced tokens its extend step runs
+    chunks: list[int] | None = None  # mixed steps: the prompt and forced text still being prefilled in chunks
+    chunk_from: int = 0  # the position of its next chunk
+    chunk_fresh: bool = True  # no chunk has run yet (the next one resets the row's counts and prompt mask)
     planned: list[int] = field(default_factory=list)  # forced tokens still to take one per step (no jumping)
 
 
@@ -95,6 +103,8 @@ class Scheduler:
         self.jump_forward = jump_forward and tokenizer is not None
         self.forced_tokens = 0
         self._extends: list[_Seq] = []
+        self.mixed_steps = 0
+        self._chunking: collections.deque[_Seq] = collections.deque()  # admitted, prompt still in chunks
 
     # ---- thread-safe entry points -----------------------------------------------------------------
     def submit(self, request: GenerationRequest, emit: Emit) -> None:
@@ -125,7 +135,17 @@ class Scheduler:
         while self.waiting and self.n_active < len(self.slots) and admitted < self.max_prefills_per_step:
             self._admit(self.waiting.popleft())
             admitted += 1
-        if self.n_active and (self.positions[: self.n_active] >= 0).any():
+        while self._chunking and self._chunking[0].finished:
+            self._chunking.popleft()
+        decoding = self.n_active and (self.positions[: self.n_active] >= 0).any()
+        if self._chunking:
+            seq = self._chunking[0]
+            if not decoding and seq.chunk_fresh:  # nothing to ride with: the whole prompt in one prefill
+                self._chunking.popleft()
+                self._prefill(seq, seq.chunks, seq.chunk_from)
+            else:
+                self._mixed(seq)
+        elif decoding:
             self._decode()
         self.steps += 1
 
@@ -138,6 +158,7 @@ class Scheduler:
             self._finish(seq, "error", error=message)
         self.waiting.clear()
         self._extends.clear()
+        self._chunking.clear()
         self._compact()
         if self.prefixes is not None:  # a failed step may have left any row's K/V half written
             self.prefixes = ResidentPrefixes(len(self.slots))
@@ -184,9 +205,22 @@ class Scheduler:
             self._compact()
             return
         self.sp.step[slot] = seq.generated
+        tokens = [*req.prompt_ids, *forced]
+        seq.written = start
+        if r.prefill_chunk and (self.positions[: self.n_active] >= 0).any():  # ride in the running rows' steps
+            seq.chunks, seq.chunk_from = tokens, start
+            self._chunking.append(seq)
+            return
+        self._prefill(seq, tokens, start)
+
+    def _prefill(self, seq: _Seq, tokens: list[int], start: int) -> None:
+        """Prefill tokens[start:] (the prompt, then forced text) into the row in a program of its own and take
+        the token sampled after them."""
+        slot, n = seq.slot, len(seq.req.prompt_ids)
+        seq.chunks = None
         sp1 = SamplingArrays(*(a[slot : slot + 1] for a in self.sp))
-        out = r.prefill(slot, [*req.prompt_ids, *forced], self.bitmask[slot : slot + 1], sp1, start, prompt_len=n)
-        seq.written = n + len(forced)
+        out = self.runner.prefill(slot, tokens, self.bitmask[slot : slot + 1], sp1, start, prompt_len=n)
+        seq.written = len(tokens)
         self._on_token(seq, out, 0)
         self._compact()
 
@@ -224,13 +258,41 @@ class Scheduler:
     def _decode(self) -> None:
         b = bucket_for(self.n_active, self.runner.batch_buckets)
         sp = SamplingArrays(*(a[:b] for a in self.sp))
-        ran = self.positions[:b] >= 0  # rows waiting for an extend step sit this one out
+        ran = self.positions[:b] >= 0  # rows waiting for an extend step (or a prompt chunk) sit this one out
         out = self.runner.decode(self.tokens[:b], self.positions[:b], self.bitmask[:b], sp)
+        self._take_decoded(out, ran)
+        self._compact()
+
+    def _take_decoded(self, out: SampleOut, ran: np.ndarray) -> None:
         for i in range(self.n_active):
             seq = self.slots[i]
             if seq is not None and not seq.finished and ran[i]:
                 seq.written = int(self.positions[i]) + 1
                 self._on_token(seq, out, i)
+
+    def _mixed(self, seq: _Seq) -> None:
+        """One mixed step: the running rows' decode tokens and `seq`'s next prompt chunk; after its last chunk
+        the row takes its first sampled token and decodes from the next step on."""
+        r, slot = self.runner, seq.slot
+        b = bucket_for(self.n_active, r.mixed_buckets)
+        start = seq.chunk_from
+        chunk = seq.chunks[start : start + r.prefill_chunk]
+        final = start + len(chunk) == len(seq.chunks)
+        sp = SamplingArrays(*(np.concatenate([a[:b], a[slot : slot + 1]]) for a in self.sp))
+        mask = np.concatenate([self.bitmask[:b], self.bitmask[slot : slot + 1]])
+        ran = self.positions[:b] >= 0
+        out = r.mixed(self.tokens[:b], self.positions[:b], slot, chunk, start, mask, sp,
+                      prompt=seq.req.prompt_ids if seq.chunk_fresh else None, count_from=len(seq.req.prompt_ids),
+                      final=final)
+        self.mixed_steps += 1
+        seq.chunk_fresh, seq.chunk_from = False, start + len(chunk)
+        seq.written = seq.chunk_from
+        self._take_decoded(out, ran)
+        if final:
+            self._chunking.popleft()
+            seq.chunks = None
+            if not seq.finished:
+                self._on_token(seq, out, b)
         self._compact()
 
     # ---- per-token host work (one active row) -----------------------------------------------------

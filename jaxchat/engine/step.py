@@ -41,8 +41,8 @@ Contract:
   the weights are read once for both), then samples all b + 1 rows through the same masked sampler (the
   last row: the token after the chunk, used only when it ends the prompt, `final`). The chunk row keeps
   position -1 among the decode rows. `fresh` (its first chunk) resets the row's counts and sets its prompt
-  mask, as prefill does. Its decode part has a batch bucket of `mixed_buckets` (the largest batch bucket
-  and the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket.
+  mask, as prefill does. Its decode part has a batch bucket of `mixed_buckets` (the largest batch bucket,
+  and from 16 on the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
   also compiles `swap`; `runner.keep_prefixes` says whether it is on.
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
@@ -179,7 +179,9 @@ class StepRunner:
         # prompt tokens a mixed step carries beside the decode rows (0: none, prompts take prefill programs)
         self.prefill_chunk = min(int(prefill_chunk), self.max_context) if model.mixed_steps and max_batch > 1 else 0
         top = self.batch_buckets[-1]
-        self.mixed_buckets = tuple(b for b in self.batch_buckets if b == top or (b * 4 == top)) if self.prefill_chunk else ()
+        # the largest batch bucket, and from 16 rows on the one a quarter of it: few programs, a few idle rows
+        quarter = top // 4 if top >= 16 and top // 4 in self.batch_buckets else top
+        self.mixed_buckets = tuple(sorted({quarter, top})) if self.prefill_chunk else ()
         self.mesh = mesh
         self.layout = model.layout
         self.executables = executables
