@@ -34,7 +34,11 @@ def nan_hook(forward):
     lo, hi = NAN_POSITIONS
 
     def forward_with_nan_rows(params, tokens, positions, cache_k, cache_v, *args, **kwargs):
+        from jaxchat.models.layers import take_logits_positions
+
         logits, cache_k, cache_v = forward(params, tokens, positions, cache_k, cache_v, *args, **kwargs)
+        if kwargs.get("logits_index") is not None:  # the positions of the logits returned
+            positions = take_logits_positions(positions[..., None], kwargs["logits_index"])[..., 0]
         bad = (positions >= lo) & (positions < hi)
         return jnp.where(bad[..., None], jnp.nan, logits), cache_k, cache_v
 
