@@ -2,10 +2,11 @@
 
 1. The engine's steady-state decode aggregate at batch 16 (`bench/decode.py`'s `run_jaxchat`: the tokens all
    rows generate while every one of them decodes, prefills excluded), in this process, on the served prompt.
-2. `jaxchat serve` twice, one after the other on this machine: `--prefill-chunk 64` (mixed steps, the
-   default) and `--prefill-chunk 0` (every prompt in a prefill program of its own), each driven by
-   `bench/serve.py`'s closed loop (the async `openai` SDK, streaming, greedy, `--max-tokens` output tokens,
-   eos ignored) at concurrency 1 and 16, unconstrained.
+2. `jaxchat serve` twice, both started first (an idle server takes no CPU): `--prefill-chunk 64` (mixed
+   steps, the default on TPU/GPU) and `--prefill-chunk 0` (every prompt in a prefill program of its own), then
+   driven in turns, `--rounds` times each (so a slower spell of this shared host hits both alike), by `bench/serve.py`'s
+   closed loop (the async `openai` SDK, streaming, greedy, `--max-tokens` output tokens, eos ignored) at
+   concurrency 1 and 16, unconstrained; each figure is the median over its rounds.
 
 Prints, per server: output tokens/s at concurrency 16 over the decode aggregate (the issue's bar: >= 0.85),
 TTFT p50 at concurrency 16 over concurrency 1 (bar: <= 3), and mixed / separate for both; and the ceiling
@@ -13,7 +14,7 @@ arithmetic: a prompt's tokens cost compute too, so output tokens/s cannot pass d
 out / (out + prompt x prompt token cost / decode token cost), with the two costs measured here (a 64-token
 chunk beside 16 decode rows vs a decode step alone). Writes `mixed_steps.json` into `--out`.
 
-    python bench/mixed_steps.py [--max-tokens 64] [--chunks 64,0] [--out bench/results]
+    python bench/mixed_steps.py [--max-tokens 64] [--chunks 64,0] [--rounds 2] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from bench.serve import MESSAGES, drive, free_port, start_server, stop_server, w
 def engine_rates(args) -> dict:
     """Decode aggregate at batch 16, and the step times of decode alone vs decode + a full prompt chunk."""
     from jaxchat.assets import DEFAULT_MODEL, asset_path
+    from jaxchat.engine.compile_cache import enable_compile_cache
     from jaxchat.engine.engine import Engine
     from jaxchat.engine.sampler import SamplingArrays
     from jaxchat.models import load_model
@@ -44,7 +46,9 @@ def engine_rates(args) -> dict:
     model = load_model(str(asset_path(DEFAULT_MODEL)), "float32")
     text = model.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
-    engine = Engine(model, max_batch=args.max_batch, max_context=args.max_context, prefill_chunk=64)
+    cache = enable_compile_cache(None)  # the servers' own cache: the same programs are compiled once
+    engine = Engine(model, max_batch=args.max_batch, max_context=args.max_context, prefill_chunk=64,
+                    executable_cache=cache / "executables")
     try:
         run_jaxchat(engine, prompt, 8, 1)
         decode = float(np.median([run_jaxchat(engine, prompt, args.max_tokens, args.max_batch)[1]
@@ -75,16 +79,35 @@ def engine_rates(args) -> dict:
             "step_mixed_s": t_mixed, "prefill_s": t_prefill, "chunk": r.prefill_chunk}
 
 
-def serve_levels(args, chunk: int, out: Path) -> dict:
+def start(args, chunk: int, out: Path):
     port = free_port()
-    proc = start_server(args, port, out / f"mixed_steps_serve_{chunk}.log", ("--prefill-chunk", str(chunk)))
+    log = out / f"mixed_steps_serve_{chunk}.log"
+    proc = start_server(args, port, log, ("--prefill-chunk", str(chunk)))
     try:
-        ready = wait_healthy(proc, port, out / f"mixed_steps_serve_{chunk}.log", args.startup_timeout)
-        print(f"jaxchat serve --prefill-chunk {chunk}: ready in {ready:.0f} s", flush=True)
-        _, levels = asyncio.run(drive(args, f"http://127.0.0.1:{port}/v1", ("unconstrained",)))
-    finally:
+        ready = wait_healthy(proc, port, log, args.startup_timeout)
+    except BaseException:
         stop_server(proc)
-    return {lv.concurrency: lv.summary() for lv in levels}
+        raise
+    print(f"jaxchat serve --prefill-chunk {chunk}: ready in {ready:.0f} s", flush=True)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def serve_levels(args, chunks: list[int], out: Path) -> dict:
+    """{chunk: {concurrency: summary with the median of each figure over the rounds}}."""
+    servers = {}
+    try:
+        for c in chunks:
+            servers[c] = start(args, c, out)
+        runs = {c: [] for c in chunks}
+        for _ in range(args.rounds):
+            for c in chunks:
+                _, levels = asyncio.run(drive(args, servers[c][1], ("unconstrained",)))
+                runs[c].append({lv.concurrency: lv.summary() for lv in levels})
+    finally:
+        for proc, _ in servers.values():
+            stop_server(proc)
+    return {c: {conc: {k: float(np.median([r[conc][k] for r in rs])) if isinstance(rs[0][conc][k], float)
+                       else rs[0][conc][k] for k in rs[0][conc]} for conc in rs[0]} for c, rs in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (eos ignored)")
     p.add_argument("--chunks", default="64,0", help="--prefill-chunk of each server (0: separate prefills)")
     p.add_argument("--repeats", type=int, default=2, help="decode-aggregate runs (median)")
+    p.add_argument("--rounds", type=int, default=2, help="turns each server is driven (medians)")
     p.add_argument("--max-context", type=int, default=512)
     p.add_argument("--startup-timeout", type=float, default=1800)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -106,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{eng['decode_aggregate']:.1f} tok/s; step: decode {eng['step_decode_s'] * 1e3:.0f} ms, decode + "
           f"{eng['chunk']}-token chunk {eng['step_mixed_s'] * 1e3:.0f} ms, prefill alone {eng['prefill_s'] * 1e3:.0f} ms",
           flush=True)
-    servers = {int(c): serve_levels(args, int(c), out) for c in args.chunks.split(",")}
+    servers = serve_levels(args, [int(c) for c in args.chunks.split(",")], out)
     # per prompt token, in decode-token units: the chunk's extra step time over its tokens, over a decode
     # token's share of a full decode step
     cost = ((eng["step_mixed_s"] - eng["step_decode_s"]) / eng["chunk"]) / (eng["step_decode_s"] / args.max_batch)

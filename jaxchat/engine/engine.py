@@ -17,9 +17,12 @@ Contract:
   turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
   layers, every prompt is prefilled whole. Greedy outputs agree either way up to float rounding (a reused
   prefix's K/V came from other programs: decode steps, another prefill length).
-- `prefill_chunk=64`: a prompt arriving while other rows decode is prefilled that many tokens per step inside
+- `prefill_chunk`: a prompt arriving while other rows decode is prefilled that many tokens per step inside
   their decode steps (mixed steps, `scheduler`), for models whose forward runs them (`StepModel.mixed_steps`);
-  0 prefills every prompt in a program of its own, stalling the running rows.
+  0 prefills every prompt in a program of its own, stalling the running rows. None (the default) is 64 on
+  accelerators and 0 on CPU, where XLA's matmuls are compute-bound at these row counts: a chunk beside the
+  decode rows costs nearly what its own prefill does, and one chunk per step staggers a burst of arrivals
+  (`bench/mixed_steps.py`: 0.67-0.75x the output tokens/s of separate prefills at concurrency 16 there).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
   the next engine on the same model and shapes loads them instead of tracing and compiling.
@@ -62,6 +65,15 @@ log = logging.getLogger(__name__)
 CLUSTER_LOST_HOLD_S = 2.0
 
 
+DEFAULT_PREFILL_CHUNK = 64
+
+
+def default_prefill_chunk(mesh: jax.sharding.Mesh) -> int:
+    """Mixed steps on accelerators (decode is bandwidth-bound there: a chunk shares the weight reads), off on
+    CPU (compute-bound: see the module docstring)."""
+    return 0 if mesh_platform(mesh) == "cpu" else DEFAULT_PREFILL_CHUNK
+
+
 class Engine:
     def __init__(
         self,
@@ -78,7 +90,7 @@ class Engine:
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,
         jump_forward: bool = True,
-        prefill_chunk: int = 64,
+        prefill_chunk: int | None = None,
         warmup: bool = True,
         start: bool = True,
     ) -> None:
@@ -100,7 +112,7 @@ class Engine:
             keep_prefixes=prefix_cache,
             executables=None if executable_cache is None or jax.process_count() > 1
             else ExecutableStore(executable_cache, program_identity(model)),
-            prefill_chunk=prefill_chunk,
+            prefill_chunk=default_prefill_chunk(self.mesh) if prefill_chunk is None else prefill_chunk,
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step,
                                    jump_forward=jump_forward)

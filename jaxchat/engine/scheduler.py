@@ -4,14 +4,14 @@ Contract:
 - `Scheduler.submit(request, emit)` queues a request; `emit(GenerationOutput)` is called (from the thread
   that calls `step()`) with each delta, the last one having `finished=True` and a `finish_reason`.
 - `step()` does one iteration: apply aborts, admit and prefill up to `max_prefills_per_step` waiting
-  requests into free slots, then one batched decode step over the running rows.
+  requests into free slots, then one batched decode step over the running rows.  Active requests always
+  occupy slots `0..n-1` (a finished request's slot is refilled by moving the highest one down), so the
+  decode batch bucket is the smallest one >= n and host work is proportional to the active rows only.
 - Mixed steps (`runner.prefill_chunk` > 0): a request admitted while other rows decode is not prefilled in a
   program of its own. Its prompt (and the forced text after it) is run `prefill_chunk` tokens at a time, one
   chunk per step, inside the decode step of the running rows (`runner.mixed`), oldest arrival first; the
   token sampled after its last chunk is its first output. Running rows never stall for an arrival. With no
-  row decoding, a fresh arrival is prefilled whole as before (`mixed_steps` counts the mixed ones).  Active requests always
-  occupy slots `0..n-1` (a finished request's slot is refilled by moving the highest one down), so the
-  decode batch bucket is the smallest one >= n and host work is proportional to the active rows only.
+  row decoding, a fresh arrival is prefilled whole as before (`mixed_steps` counts the mixed steps).
 - Per row: its own constraint (None = all-ones mask, no host work), sampling parameters and stop
   conditions (eos ids unless `ignore_eos`, `stop_token_ids`, stop strings, `max_tokens`,
   `constraint.is_terminated()`, the context filling up -> "length").  A stop token's text is not emitted.

@@ -130,3 +130,30 @@ def test_running_rows_decode_at_every_step_while_a_prompt_is_chunked_in(engines)
     # step 4 + 4
     assert when["r0"] == [0, *range(20 - 1)]
     assert when["r1"][0] == 8
+
+
+def test_mixed_steps_are_on_by_default_on_accelerators_only():
+    """XLA:CPU's matmuls are compute-bound at these row counts (a chunk beside the decode rows costs about what
+    its own prefill does), so the default is off there; on TPU/GPU decode is bandwidth-bound and it is on."""
+    from types import SimpleNamespace
+
+    from jaxchat.engine.engine import DEFAULT_PREFILL_CHUNK, default_prefill_chunk
+    from jaxchat.engine.step import make_mesh
+
+    tpu = SimpleNamespace(devices=np.array([SimpleNamespace(platform="tpu")] * 4))
+    assert default_prefill_chunk(tpu) == DEFAULT_PREFILL_CHUNK > 0
+    assert default_prefill_chunk(make_mesh()) == 0  # this machine's CPU devices
+
+
+def test_models_with_recurrent_layers_never_mix(tmp_path):
+    """LFM2's convolution window advances one row's tokens in order: the runner keeps mixed steps off for it
+    whatever the engine asks."""
+    from jaxchat.models.load import load_model
+    from tests.models.conftest import build_tiny
+
+    build_tiny("lfm2", tmp_path)
+    model = load_model(tmp_path, "float32")
+    assert not model.mixed_steps
+    e = Engine(model, max_batch=2, max_context=32, length_buckets=(16, 32), prefill_chunk=8, warmup=False,
+               start=False)
+    assert e.runner.prefill_chunk == 0 and not e.runner.mixed_buckets
