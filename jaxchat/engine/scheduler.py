@@ -137,7 +137,7 @@ class Scheduler:
             admitted += 1
         while self._chunking and self._chunking[0].finished:
             self._chunking.popleft()
-        decoding = self.n_active and (self.positions[: self.n_active] >= 0).any()
+        decoding = self._any_decoding()
         if self._chunking:
             seq = self._chunking[0]
             if not decoding and seq.chunk_fresh:  # nothing to ride with: the whole prompt in one prefill
@@ -148,6 +148,11 @@ class Scheduler:
         elif decoding:
             self._decode()
         self.steps += 1
+
+    def _any_decoding(self) -> bool:
+        """Whether an active row takes part in the next decode step (rows waiting for an extend step or a
+        prompt chunk hold position -1)."""
+        return bool((self.positions[: self.n_active] >= 0).any())
 
     def fail_all(self, message: str) -> None:
         """End every running and waiting request with an error (a device step itself failed)."""
@@ -207,7 +212,7 @@ class Scheduler:
         self.sp.step[slot] = seq.generated
         tokens = [*req.prompt_ids, *forced]
         seq.written = start
-        if r.prefill_chunk and (self.positions[: self.n_active] >= 0).any():  # ride in the running rows' steps
+        if r.prefill_chunk and self._any_decoding():  # ride in the running rows' steps
             seq.chunks, seq.chunk_from = tokens, start
             self._chunking.append(seq)
             return

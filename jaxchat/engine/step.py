@@ -337,10 +337,15 @@ class StepRunner:
         length bucket; the prompt mask covers prompt[:prompt_len] (all of it by default), and tokens from
         prompt_len on are counted as outputs (forced text appended to the prompt)."""
         prompt_len = len(prompt) if prompt_len is None else prompt_len
-        ids = np.asarray(prompt[:prompt_len], np.int64)
+        pmask = self._prompt_mask(prompt[:prompt_len])
+        return self._chunk_call(slot, prompt[start:], start, bitmask, sp, pmask, prompt_len, extend=False)
+
+    def _prompt_mask(self, ids: Sequence[int]) -> np.ndarray:
+        """bool[1, V]: the vocabulary ids among `ids` (the penalties' prompt mask of one row)."""
+        ids = np.asarray(ids, np.int64)
         pmask = np.zeros((1, self.vocab_size), np.bool_)
         pmask[0, ids[(ids >= 0) & (ids < self.vocab_size)]] = True
-        return self._chunk_call(slot, prompt[start:], start, bitmask, sp, pmask, prompt_len, extend=False)
+        return pmask
 
     def _chunk_call(self, slot: int, tokens: Sequence[int], start: int, bitmask: np.ndarray, sp: SamplingArrays,
                     pmask: np.ndarray, count_from: int, extend: bool):
@@ -404,10 +409,7 @@ class StepRunner:
         only): the row's counts restart and its prompt mask becomes these tokens (else both are kept); chunk
         tokens at positions >= count_from are counted as outputs (forced text); `final`: the chunk ends the
         prompt, so its sampled token is counted."""
-        pmask = np.zeros((1, self.vocab_size), np.bool_)
-        if prompt is not None:
-            ids = np.asarray(prompt, np.int64)
-            pmask[0, ids[(ids >= 0) & (ids < self.vocab_size)]] = True
+        pmask = self._prompt_mask(prompt if prompt is not None else ())
         return self._run(*self._mixed_call(tokens, positions, slot, chunk, start, bitmask, sp, pmask,
                                            prompt is not None, count_from, final))
 

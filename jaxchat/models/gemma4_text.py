@@ -49,6 +49,7 @@ from jaxchat.models.layers import (
     param,
     rope_inv_freq,
     rope_tables,
+    take_logits_positions,
     vocab_major_logits,
 )
 from jaxchat.models.quant import qeinsum
@@ -261,7 +262,7 @@ class Model(CausalLM):
             if src is None:
                 cks[i], cvs[i] = ck, cv
         if logits_index is not None:  # only the needed position per row: [B, 1, D]
-            x = jnp.take_along_axis(x, logits_index.astype(jnp.int32)[:, None, None], axis=1)
+            x = take_logits_positions(x, logits_index)
         x = self.final_norm(x)
         if head_vd is not None:
             logits = vocab_major_logits(x, head_vd)
