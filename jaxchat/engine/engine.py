@@ -24,7 +24,8 @@ Contract:
   decode rows costs nearly what its own prefill does, and one chunk per step staggers a burst of arrivals
   (`bench/mixed_steps.py`: 0.67-0.75x the output tokens/s of separate prefills at concurrency 16 there).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
-  step (`scheduler`); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
+  step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: 2 on
+  CPU with jump-forward, where a short extend costs less in a small bucket, else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
   the next engine on the same model and shapes loads them instead of tracing and compiling.
 - Multi-host: `engine.relay_steps(link)` (before `start()`) makes process 0's engine send every step call to
   the follower processes first (`step_link.BroadcastRunner`); the followers build the same engine with
@@ -68,6 +69,14 @@ CLUSTER_LOST_HOLD_S = 2.0
 DEFAULT_PREFILL_CHUNK = 64
 
 
+def default_min_prefill_bucket(mesh: jax.sharding.Mesh, jump_forward: bool) -> int:
+    """The smallest prompt-length bucket: 2 on CPU with jump-forward, else 8. Jump-forward's extend steps carry
+    a few tokens (the sampled one and the forced ones: 2-5 for a JSON key), and XLA:CPU's matmuls cost with
+    the rows they are given (a 2-token run 1.2x a decode step, 4 tokens 1.3x, 8 tokens 1.5x: measured on
+    the default model); on TPU/GPU a small run costs what 8 tokens do, so two more programs buy nothing."""
+    return 2 if jump_forward and mesh_platform(mesh) == "cpu" else 8
+
+
 def default_prefill_chunk(mesh: jax.sharding.Mesh) -> int:
     """Mixed steps on accelerators (decode is bandwidth-bound there: a chunk shares the weight reads), off on
     CPU (compute-bound: see the module docstring)."""
@@ -85,7 +94,7 @@ class Engine:
         batch_buckets: Sequence[int] | None = None,
         length_buckets: Sequence[int] | None = None,
         span_buckets: Sequence[int] | None = None,
-        min_prefill_bucket: int = 8,
+        min_prefill_bucket: int | None = None,
         max_prefills_per_step: int = 4,
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,
@@ -107,7 +116,8 @@ class Engine:
         self.runner = StepRunner(
             model.step_model(params, mesh_platform(self.mesh)), max_batch, max_context, vocab, valid_vocab, self.mesh,
             batch_buckets or pow2_buckets(1, max_batch),
-            length_buckets or pow2_buckets(min(min_prefill_bucket, max_context), max_context),
+            length_buckets or pow2_buckets(min(min_prefill_bucket or default_min_prefill_bucket(self.mesh, jump_forward),
+                                               max_context), max_context),
             span_buckets or default_span_buckets(max_context),
             keep_prefixes=prefix_cache,
             executables=None if executable_cache is None or jax.process_count() > 1

@@ -113,7 +113,8 @@ class LooseForcingConstraint:
 
 @pytest.fixture(scope="module")
 def engines():
-    shapes = {"max_batch": 2, "max_context": 128, "length_buckets": (8, 32, 128), "start": False}
+    # the 2- and 4-token buckets are those CPU engines give extend steps by default (default_min_prefill_bucket)
+    shapes = {"max_batch": 2, "max_context": 128, "length_buckets": (2, 4, 8, 32, 128), "start": False}
     on = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, prefix_cache=False)
     off = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, prefix_cache=False, jump_forward=False)
     yield on, off
@@ -168,6 +169,41 @@ def test_a_forced_span_is_taken_in_one_extend_step(engines):
     taken = on.scheduler.forced_tokens - forced
     assert taken == 14 + 11  # both spans less their last token
     assert on.scheduler.steps - steps <= off.scheduler.steps - off_steps - taken + 2
+
+
+def test_extend_steps_run_in_the_smallest_bucket_that_fits(engines):
+    """A short forced run (the sampled token and two forced ones) takes the 4-token prefill program, not the
+    8-token one: on CPU each padded row costs compute."""
+    on, _ = engines
+    runner = on.runner
+    keys = []
+    chunk_call = runner._chunk_call
+
+    def recording(*args, **kwargs):
+        call = chunk_call(*args, **kwargs)
+        keys.append((call[0], kwargs.get("extend", args[-1])))
+        return call
+
+    runner._chunk_call = recording
+    try:
+        run(on, [("hello there", SamplingParams(max_tokens=12), {4: "xyz"}, 12)])
+    finally:
+        del runner._chunk_call
+    assert [key for key, extend in keys if extend] == [("prefill", 4)]
+
+
+def test_small_prompt_buckets_by_default_only_on_cpu_with_jump_forward():
+    from types import SimpleNamespace
+
+    from jaxchat.engine.engine import default_min_prefill_bucket
+    from jaxchat.engine.step import make_mesh
+
+    tpu = SimpleNamespace(devices=np.array([SimpleNamespace(platform="tpu")] * 4))
+    assert default_min_prefill_bucket(make_mesh(), jump_forward=True) == 2  # this machine's CPU devices
+    assert default_min_prefill_bucket(make_mesh(), jump_forward=False) == 8
+    assert default_min_prefill_bucket(tpu, jump_forward=True) == 8
+    engine = Engine(FakeModel(TOK, eos=(EOS,)), max_batch=2, max_context=64, warmup=False, start=False)
+    assert engine.runner.length_buckets == (2, 4, 8, 16, 32, 64)
 
 
 @pytest.mark.parametrize("start", [0, 3])
