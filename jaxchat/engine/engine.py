@@ -23,6 +23,9 @@ Contract:
   accelerators and 0 on CPU, where XLA's matmuls are compute-bound at these row counts: a chunk beside the
   decode rows costs nearly what its own prefill does, and one chunk per step staggers a burst of arrivals
   (`bench/mixed_steps.py`: 0.67-0.75x the output tokens/s of separate prefills at concurrency 16 there).
+- `prefill_batches`: arrivals admitted in the same step whose prompts (what prefix reuse leaves of them) are
+  short are prefilled together, up to that many per program (`StepRunner.prefill_rows`; None: 4 and 16, `()`
+  prefills each alone), for the same models as mixed steps. Greedy outputs are those of separate prefills.
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: 2 on
   CPU with jump-forward, where a short extend costs less in a small bucket, else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
@@ -77,6 +80,11 @@ def default_min_prefill_bucket(mesh: jax.sharding.Mesh, jump_forward: bool) -> i
     return 2 if jump_forward and mesh_platform(mesh) == "cpu" else 8
 
 
+def default_prefill_batches(max_batch: int) -> tuple[int, ...]:
+    """Row buckets for batched prefills: 4 arrivals, and up to 16 (`StepRunner.prefill_rows`)."""
+    return tuple(sorted({min(4, max_batch), min(16, max_batch)} - {1}))
+
+
 def default_prefill_chunk(mesh: jax.sharding.Mesh) -> int:
     """Mixed steps on accelerators (decode is bandwidth-bound there: a chunk shares the weight reads), off on
     CPU (compute-bound: see the module docstring)."""
@@ -100,6 +108,7 @@ class Engine:
         executable_cache: str | os.PathLike | None = None,
         jump_forward: bool = True,
         prefill_chunk: int | None = None,
+        prefill_batches: Sequence[int] | None = None,
         warmup: bool = True,
         start: bool = True,
     ) -> None:
@@ -123,6 +132,7 @@ class Engine:
             executables=None if executable_cache is None or jax.process_count() > 1
             else ExecutableStore(executable_cache, program_identity(model)),
             prefill_chunk=default_prefill_chunk(self.mesh) if prefill_chunk is None else prefill_chunk,
+            prefill_batches=default_prefill_batches(max_batch) if prefill_batches is None else prefill_batches,
         )
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, max_prefills_per_step,
                                    jump_forward=jump_forward)

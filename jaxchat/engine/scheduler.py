@@ -4,7 +4,9 @@ Contract:
 - `Scheduler.submit(request, emit)` queues a request; `emit(GenerationOutput)` is called (from the thread
   that calls `step()`) with each delta, the last one having `finished=True` and a `finish_reason`.
 - `step()` does one iteration: apply aborts, admit and prefill up to `max_prefills_per_step` waiting
-  requests into free slots, then one batched decode step over the running rows.  Active requests always
+  requests into free slots (more when their prompts are short enough to share batched prefill programs,
+  `runner.prefill_rows`: a burst of arrivals, or turns whose prefix the cache holds, costs one program), then
+  one batched decode step over the running rows.  Active requests always
   occupy slots `0..n-1` (a finished request's slot is refilled by moving the highest one down), so the
   decode batch bucket is the smallest one >= n and host work is proportional to the active rows only.
 - Mixed steps (`runner.prefill_chunk` > 0): a request admitted while other rows decode is not prefilled in a
@@ -131,10 +133,7 @@ class Scheduler:
             self._apply_aborts(aborts)
         if self._extends:
             self._run_extends()
-        admitted = 0
-        while self.waiting and self.n_active < len(self.slots) and admitted < self.max_prefills_per_step:
-            self._admit(self.waiting.popleft())
-            admitted += 1
+        self._admit_waiting()
         while self._chunking and self._chunking[0].finished:
             self._chunking.popleft()
         decoding = self._any_decoding()
@@ -148,6 +147,59 @@ class Scheduler:
         elif decoding:
             self._decode()
         self.steps += 1
+
+    def _admit_waiting(self) -> None:
+        """Admit waiting requests into free rows and prefill their prompts: up to `max_prefills_per_step` that
+        each need a program of their own, and beside them as many short ones as one batched prefill takes
+        (`StepRunner.prefill_rows`: a burst of arrivals, typically turns whose prefix the cache holds)."""
+        r = self.runner
+        most = max(self.max_prefills_per_step, *r.prefill_batches, 0)
+        jobs: list[tuple[_Seq, list[int], int]] = []
+        admitted = alone = 0
+        while (self.waiting and self.n_active < len(self.slots) and admitted < most
+               and alone < self.max_prefills_per_step):
+            job = self._admit(self.waiting.popleft())
+            admitted += 1
+            if job is not None:
+                jobs.append(job)
+                alone += r.rows_bucket(1, len(job[1]) - job[2]) is None
+        if not r.prefill_batches:
+            for seq, tokens, start in jobs:
+                self._prefill(seq, tokens, start)
+            return
+        for group in self._row_groups(jobs):
+            if len(group) == 1:
+                self._prefill(*group[0], compact=False)
+            else:
+                self._prefill_group(group)
+        self._compact()
+
+    def _row_groups(self, jobs: list[tuple[_Seq, list[int], int]]) -> list[list[tuple[_Seq, list[int], int]]]:
+        """The admitted prompts in runs of consecutive rows that one batched prefill program takes."""
+        groups: list[list[tuple[_Seq, list[int], int]]] = []
+        longest = 0
+        for job in sorted((j for j in jobs if not j[0].finished), key=lambda j: j[0].slot):
+            n = len(job[1]) - job[2]
+            last = groups[-1] if groups else None
+            if (last is not None and last[-1][0].slot + 1 == job[0].slot
+                    and self.runner.rows_bucket(len(last) + 1, max(longest, n)) is not None):
+                last.append(job)
+                longest = max(longest, n)
+            else:
+                groups.append([job])
+                longest = n
+        return groups
+
+    def _prefill_group(self, group: list[tuple[_Seq, list[int], int]]) -> None:
+        """Prefill consecutive rows' prompts in one batched program and take each row's first token."""
+        slot, k = group[0][0].slot, len(group)
+        sp = SamplingArrays(*(a[slot : slot + k] for a in self.sp))
+        rows = [(tokens, start, len(seq.req.prompt_ids)) for seq, tokens, start in group]
+        out = self.runner.prefill_rows(slot, rows, self.bitmask[slot : slot + k], sp)
+        for i, (seq, tokens, _) in enumerate(group):
+            seq.chunks = None
+            seq.written = len(tokens)
+            self._on_token(seq, out, i)
 
     def _any_decoding(self) -> bool:
         """Whether an active row takes part in the next decode step (rows waiting for an extend step or a
@@ -177,7 +229,10 @@ class Scheduler:
                 self._finish(seq, "abort")
         self._compact()
 
-    def _admit(self, seq: _Seq) -> None:
+    def _admit(self, seq: _Seq) -> tuple[_Seq, list[int], int] | None:
+        """Place a waiting request in a row (reusing a held prefix) and take the text its grammar forces first.
+        Returns (seq, tokens, start) for the caller to prefill tokens[start:], or None: it finished already, or
+        its prompt rides in the running rows' steps (mixed steps)."""
         req, r = seq.req, self.runner
         try:
             n = len(req.prompt_ids)
@@ -196,7 +251,7 @@ class Scheduler:
                 req.constraint.fill_mask(row)
         except Exception as e:  # noqa: BLE001 - reported on the request, others continue
             self._finish(seq, "error", error=f"{type(e).__name__}: {e}")
-            return
+            return None
         seq.slot, seq.pos = slot, n
         self.slots[slot] = seq
         self.n_active += 1
@@ -208,17 +263,17 @@ class Scheduler:
             self._pin(seq, req.prompt_ids[-1], plan=True)
         if seq.finished:
             self._compact()
-            return
+            return None
         self.sp.step[slot] = seq.generated
         tokens = [*req.prompt_ids, *forced]
         seq.written = start
         if r.prefill_chunk and self._any_decoding():  # ride in the running rows' steps
             seq.chunks, seq.chunk_from = tokens, start
             self._chunking.append(seq)
-            return
-        self._prefill(seq, tokens, start)
+            return None
+        return seq, tokens, start
 
-    def _prefill(self, seq: _Seq, tokens: list[int], start: int) -> None:
+    def _prefill(self, seq: _Seq, tokens: list[int], start: int, compact: bool = True) -> None:
         """Prefill tokens[start:] (the prompt, then forced text) into the row in a program of its own and take
         the token sampled after them."""
         slot, n = seq.slot, len(seq.req.prompt_ids)
@@ -227,7 +282,8 @@ class Scheduler:
         out = self.runner.prefill(slot, tokens, self.bitmask[slot : slot + 1], sp1, start, prompt_len=n)
         seq.written = len(tokens)
         self._on_token(seq, out, 0)
-        self._compact()
+        if compact:
+            self._compact()
 
     def _take_prefix(self, slot: int, prompt: list[int]) -> int:
         """Put the request's row in `slot`: the idle row `ResidentPrefixes.plan` picks, swapped into place (so

@@ -43,6 +43,13 @@ Contract:
   position -1 among the decode rows. `fresh` (its first chunk) resets the row's counts and sets its prompt
   mask, as prefill does. Its decode part has a batch bucket of `mixed_buckets` (the largest batch bucket,
   and from 16 on the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket.
+- Batched prefills (`prefill_batches`, for models whose forward runs mixed steps: positional caches, every
+  row on its own): `prefill_rows(slot, rows, bitmask[k, W], sampling[k])` prefills k prompts (rows[i] =
+  (tokens, start, prompt_len), as `prefill` takes them) into rows slot..slot+k-1 in ONE program of
+  [kb, t] tokens: kb the smallest `prefill_batches` bucket >= k, t a length bucket of at least
+  `MIN_BATCHED_LENGTH` with kb * t <= `PREFILL_BATCH_TOKENS` (`rows_bucket` says which fits). Padding rows
+  (the bucket's rows past k; the program may start below `slot` to stay inside the cache) write nothing
+  and keep their counts and prompt masks. A burst of arrivals then costs one weight read, not one each.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
   also compiles `swap`; `runner.keep_prefixes` says whether it is on.
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
@@ -113,6 +120,9 @@ def mesh_platform(mesh: Mesh) -> str:
     return platforms.pop() if len(platforms) == 1 else "mixed"
 
 
+PREFILL_BATCH_TOKENS = 256  # the most tokens (rows x length bucket) one batched prefill program runs
+MIN_BATCHED_LENGTH = 8  # batched prefills pad each prompt to at least this many tokens: fewer programs
+
 HEAD_VD = "head_vd"  # the runner's extra params entry: the lm head stored vocab-major, for batched decode
 
 
@@ -165,6 +175,7 @@ class StepRunner:
         keep_prefixes: bool = False,
         executables: ExecutableStore | None = None,
         prefill_chunk: int = 0,
+        prefill_batches: Sequence[int] = (),
     ) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         # reuse idle rows' prefixes (the scheduler's prefix cache): only where the model's cache is positional
@@ -182,6 +193,11 @@ class StepRunner:
         # the largest batch bucket, and from 16 rows on the one a quarter of it: few programs, a few idle rows
         quarter = top // 4 if top >= 16 and top // 4 in self.batch_buckets else top
         self.mixed_buckets = tuple(sorted({quarter, top})) if self.prefill_chunk else ()
+        # several arrivals' prompts in one program: row buckets, each with the length buckets its token budget allows
+        batches = sorted({min(int(k), max_batch) for k in prefill_batches} - {0, 1}) if model.mixed_steps else []
+        self.prefill_lengths = {kb: lengths for kb in batches if (lengths := tuple(
+            t for t in self.length_buckets if MIN_BATCHED_LENGTH <= t and kb * t <= PREFILL_BATCH_TOKENS))}
+        self.prefill_batches = tuple(self.prefill_lengths)
         self.mesh = mesh
         self.layout = model.layout
         self.executables = executables
@@ -231,6 +247,12 @@ class StepRunner:
             self._prefill_impl,
             donate_argnums=(1,),
             in_shardings=(param_sh, state_sh, rep, rep, rep, rep, rep, rep, rep, rep, rep),
+            out_shardings=(state_sh, rep),
+        )
+        self._prefill_rows = jax.jit(
+            self._prefill_rows_impl,
+            donate_argnums=(1,),
+            in_shardings=(param_sh, state_sh) + (rep,) * 9,
             out_shardings=(state_sh, rep),
         )
         self._move = jax.jit(functools.partial(self._move_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
@@ -295,6 +317,30 @@ class StepRunner:
             cv,
             jax.lax.dynamic_update_slice_in_dim(state.counts, counts, slot, axis=0),
             jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, pmask, slot, axis=0),
+        ), out
+
+    def _prefill_rows_impl(self, params, state: DecodeState, offset, tokens, positions, lengths, valid, pmask,
+                           bitmask, sp, count_from):
+        # kb prompts [kb, t] into rows offset..offset+kb-1, logits at each row's last token; rows not `valid`
+        # (padding: positions all -1, so no K/V is written) keep their counts and prompt masks.
+        params, _ = split_vocab_major_head(params)
+        kb, t = tokens.shape
+        logits, ck, cv = self._forward(params, tokens, positions, state.cache_k, state.cache_v, row_offset=offset,
+                                       logits_index=jnp.maximum(lengths - 1, 0))
+        counted = (positions >= count_from[:, None]) & (jnp.arange(t)[None, :] < lengths[:, None])
+        rows = jnp.arange(kb)
+        counts = jnp.zeros((kb, state.counts.shape[1]), jnp.int32).at[rows[:, None], tokens].add(
+            counted.astype(jnp.int32))
+        out = sample(logits[:, 0], bitmask, counts, pmask, sp, self.valid_vocab)
+        counts = counts.at[rows, out.tokens].add(1)
+        keep = valid[:, None]
+        counts = jnp.where(keep, counts, jax.lax.dynamic_slice_in_dim(state.counts, offset, kb, axis=0))
+        pmask = jnp.where(keep, pmask, jax.lax.dynamic_slice_in_dim(state.prompt_mask, offset, kb, axis=0))
+        return DecodeState(
+            ck,
+            cv,
+            jax.lax.dynamic_update_slice_in_dim(state.counts, counts, offset, axis=0),
+            jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, pmask, offset, axis=0),
         ), out
 
     @staticmethod
@@ -378,6 +424,50 @@ class StepRunner:
             self.params, self.state, tokens, positions, padded, chunk_positions, np.int32(slot), np.int32(n),
             np.bool_(fresh), pmask, np.int32(count_from), np.bool_(final), bitmask, sp)
 
+    def rows_bucket(self, count: int, longest: int) -> tuple[int, int] | None:
+        """(kb, t): the batched prefill program for `count` prompts whose longest run is `longest` tokens, or
+        None when none fits (too many rows or tokens, or batched prefills are off)."""
+        for kb, lengths in self.prefill_lengths.items():
+            if count <= kb:
+                t = next((t for t in lengths if longest <= t), None)
+                if t is not None:
+                    return kb, t
+        return None
+
+    def _rows_call(self, slot: int, rows: Sequence[tuple[Sequence[int], int, int]], bitmask: np.ndarray,
+                   sp: SamplingArrays, bucket: tuple[int, int] | None = None):
+        k = len(rows)
+        longest = max((len(tokens) - start for tokens, start, _ in rows), default=0)
+        bucket = bucket or self.rows_bucket(k, longest)
+        if bucket is None or k == 0 or not 0 <= slot <= slot + k <= self.max_batch:
+            raise ValueError(f"{k} prompts of up to {longest} tokens into rows {slot}.. fit no batched prefill "
+                             f"program ({self.prefill_lengths}, {self.max_batch} rows)")
+        kb, t = bucket
+        offset = min(slot, self.max_batch - kb)  # the program's first row: its rows stay inside the cache
+        first = slot - offset
+        padded = np.zeros((kb, t), np.int32)
+        positions = np.full((kb, t), -1, np.int32)
+        lengths = np.ones(kb, np.int32)
+        valid = np.zeros(kb, np.bool_)
+        pmask = np.zeros((kb, self.vocab_size), np.bool_)
+        count_from = np.zeros(kb, np.int32)
+        for i, (tokens, start, prompt_len) in enumerate(rows):
+            n, r = len(tokens) - start, first + i
+            if not 0 < n or start < 0 or start + n > self.max_context:
+                raise ValueError(f"{n} tokens from position {start} do not fit the context of {self.max_context}")
+            padded[r, :n] = tokens[start:]
+            positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
+            lengths[r], valid[r], count_from[r] = n, True, prompt_len
+            pmask[r] = self._prompt_mask(tokens[:prompt_len])[0]
+        masks = np.full((kb, self.mask_words), -1, np.int32)  # padding rows sample anything (ignored)
+        masks[first:first + k] = bitmask
+        sps = SamplingArrays.numpy(kb)
+        for full, part in zip(sps, sp, strict=True):
+            full[first:first + k] = part
+        return ("prefill_rows", kb, t), self._prefill_rows, (self.params, self.state, np.int32(offset), padded,
+                                                             positions, lengths, valid, pmask, masks, sps,
+                                                             count_from), first
+
     def _run(self, key: tuple, program, args: tuple) -> SampleOut:
         """Run a sampling program (its warmed-up executable when there is one); host numpy outputs."""
         self.state, out = self._compiled.get(key, program)(*args)
@@ -413,6 +503,15 @@ class StepRunner:
         return self._run(*self._mixed_call(tokens, positions, slot, chunk, start, bitmask, sp, pmask,
                                            prompt is not None, count_from, final))
 
+    def prefill_rows(self, slot: int, rows: Sequence[tuple[Sequence[int], int, int]], bitmask: np.ndarray,
+                     sp: SamplingArrays) -> SampleOut:
+        """Prefill len(rows) prompts into rows slot.. in one program (see `rows_bucket`): rows[i] = (tokens,
+        start, prompt_len) as `prefill` takes them; bitmask and sp have one row per prompt. Returns host
+        outputs with one row per prompt, in order."""
+        key, program, args, first = self._rows_call(slot, rows, bitmask, sp)
+        out = self._run(key, program, args)
+        return SampleOut(*(x[first:first + len(rows)] for x in out))
+
     def move(self, src: int, dst: int) -> None:
         self.state = self._compiled.get(("move",), self._move)(self.state, np.int32(src), np.int32(dst))
 
@@ -441,6 +540,12 @@ class StepRunner:
         sp1, mask1 = SamplingArrays.numpy(1), np.zeros((1, self.mask_words), np.int32)
         for t in self.length_buckets:
             calls.append(self._prefill_call(0, [0] * min(t, self.max_context - 1), mask1, sp1))
+        for kb, lengths in self.prefill_lengths.items():
+            for t in lengths:
+                n = min(t, self.max_context - 1)
+                key, program, args, _ = self._rows_call(0, [([0] * n, 0, n)] * kb, np.zeros((kb, self.mask_words),
+                                                        np.int32), SamplingArrays.numpy(kb), (kb, t))
+                calls.append((key, program, args))
         calls.append((("move",), self._move, (self.state, np.int32(0), np.int32(0))))
         if self.keep_prefixes and self.max_batch > 1:
             calls.append((("swap",), self._swap, (self.state, np.int32(0), np.int32(1))))

@@ -2,7 +2,7 @@
 
 JAX's multi-controller runtime needs every process to run the same programs on the same global arrays in the
 same order. Process 0 (the leader) owns the scheduler, grammar matchers and parser; each step call it makes
-on its `StepRunner` (decode, prefill, mixed, extend, move, swap: the only calls that run device programs after
+on its `StepRunner` (decode, prefill, prefill_rows, mixed, extend, move, swap: the only calls that run device programs after
 warm-up) is first sent, with its host arguments, to every follower, which makes the same call on its own
 runner. The programs' outputs are replicated, so every process computes the same tokens; only the leader
 reads them.
@@ -45,7 +45,7 @@ from jaxchat.engine import cluster
 
 log = logging.getLogger(__name__)
 
-STEP_CALLS = ("decode", "prefill", "mixed", "extend", "move", "swap")
+STEP_CALLS = ("decode", "prefill", "prefill_rows", "mixed", "extend", "move", "swap")
 LINK_KEY = "jaxchat/step_link"
 HEARTBEAT_S = 1.0
 LOST_AFTER_S = 10.0
@@ -63,7 +63,7 @@ def runner_signature(runner) -> str:
         "valid_vocab": runner.valid_vocab, "batch_buckets": list(runner.batch_buckets),
         "length_buckets": list(runner.length_buckets), "span_buckets": list(runner.span_buckets),
         "keep_prefixes": runner.keep_prefixes, "layout": runner.layout, "prefill_chunk": runner.prefill_chunk,
-        "mixed_buckets": list(runner.mixed_buckets),
+        "mixed_buckets": list(runner.mixed_buckets), "prefill_batches": list(runner.prefill_batches),
     }, sort_keys=True)
 
 
@@ -275,6 +275,9 @@ class BroadcastRunner:
 
     def prefill(self, *args, **kwargs):
         return self._step("prefill", *args, **kwargs)
+
+    def prefill_rows(self, *args, **kwargs):
+        return self._step("prefill_rows", *args, **kwargs)
 
     def mixed(self, *args, **kwargs):
         return self._step("mixed", *args, **kwargs)

@@ -1,0 +1,126 @@
+"""Batched prefills: arrivals admitted in the same step are prefilled together in one program.
+
+- Greedy outputs (penalties included, so the rows' counts and prompt masks matter) are identical with batched
+  prefills and with each prompt prefilled alone, over bursts of arrivals, shared prefixes (prefix reuse on),
+  arrivals while other rows decode, and output lengths (hypothesis).
+- A burst takes one batched program; padding rows of a program that starts below the arrivals' rows (running
+  rows) are left as they were."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxchat.engine.engine import Engine
+from jaxchat.engine.types import GenerationRequest, SamplingParams
+from tests.engine.helpers import byte_tokenizer
+
+SHARED = list(range(40, 52))  # a prefix several prompts start with: rows that held it are reused
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """A tiny Qwen2 twice: batched prefills of up to 2 and 4 prompts, and every prompt prefilled alone."""
+    from jaxchat.models.load import load_model
+    from tests.models.conftest import build_tiny
+
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    build_tiny("qwen2", path, vocab_size=264)
+    byte_tokenizer().save_pretrained(path)
+    model = load_model(path, "float32")
+    shapes = {"max_batch": 4, "max_context": 128, "length_buckets": (8, 16, 32, 128), "warmup": False,
+              "start": False, "prefill_chunk": 0}
+    batched = Engine(model, **shapes, prefill_batches=(2, 4))
+    alone = Engine(model, **shapes, prefill_batches=())
+    assert batched.runner.prefill_batches == (2, 4) and alone.runner.prefill_batches == ()
+    yield batched, alone
+    batched.shutdown()
+    alone.shutdown()
+
+
+def count_calls(runner, names):
+    calls = {name: 0 for name in names}
+    originals = {name: getattr(runner, name) for name in names}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    for name in names:
+        setattr(runner, name, counting(name))
+    return calls, lambda: [delattr(runner, name) for name in names]
+
+
+def run_schedule(engine, requests):
+    """requests: (prompt, max_tokens, step it arrives at, penalty). Steps the scheduler by hand until all are
+    done; returns {request id: output ids}."""
+    sched = engine.scheduler
+    outs: dict[str, list[int]] = {}
+    pending = sorted(enumerate(requests), key=lambda r: r[1][2])
+    step = 0
+    while pending or sched.has_work():
+        while pending and pending[0][1][2] <= step:
+            i, (prompt, max_tokens, _, penalty) = pending.pop(0)
+            sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                      frequency_penalty=penalty, presence_penalty=penalty / 2)
+            sched.submit(GenerationRequest(list(prompt), sampling, request_id=f"r{i}"),
+                         lambda out, rid=f"r{i}": outs.setdefault(rid, []).extend(out.token_ids))
+        sched.step()
+        step += 1
+        assert step < 500
+    return outs
+
+
+prompt = st.one_of(st.lists(st.integers(0, 255), min_size=1, max_size=40),
+                   st.lists(st.integers(0, 255), max_size=6).map(lambda tail: SHARED + tail))
+request = st.tuples(prompt, st.integers(1, 8), st.sampled_from([0, 0, 0, 3, 9]), st.sampled_from([0.0, 1.5]))
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(request, min_size=2, max_size=7))
+def test_greedy_outputs_equal_prefilling_each_prompt_alone(engines, requests):
+    batched, alone = engines
+    want = run_schedule(alone, requests)
+    got = run_schedule(batched, requests)
+    assert got == want
+    assert all(len(got[f"r{i}"]) == r[1] for i, r in enumerate(requests))
+
+
+def test_a_burst_of_arrivals_takes_one_batched_program(engines):
+    batched, alone = engines
+    requests = [(list(range(10 + i, 30 + i)), 4, 0, 0.0) for i in range(4)]
+    calls, restore = count_calls(batched.runner, ("prefill", "prefill_rows"))
+    try:
+        got = run_schedule(batched, requests)
+    finally:
+        restore()
+    assert calls == {"prefill": 0, "prefill_rows": 1}
+    assert got == run_schedule(alone, requests)
+
+
+def test_padding_rows_below_the_arrivals_keep_the_running_rows(engines):
+    """One row decodes when three prompts arrive: they take rows 1-3, so the 4-row program starts at row 0,
+    whose running row is padding there (no K/V written, counts kept: its penalties see them)."""
+    batched, alone = engines
+    runner = batched.runner
+    requests = [([1, 2, 3, 4, 5], 12, 0, 1.5), ([60, 61, 62], 5, 3, 1.5), ([70, 71], 5, 3, 1.5),
+                ([80, 81, 82, 83], 5, 3, 1.5)]
+    keys = []
+    rows_call = runner._rows_call
+
+    def recording(slot, rows, *args):
+        call = rows_call(slot, rows, *args)
+        keys.append((slot, len(rows), call[0], int(call[2][2])))  # the program's first row
+        return call
+
+    runner._rows_call = recording
+    try:
+        got = run_schedule(batched, requests)
+    finally:
+        del runner._rows_call
+    assert keys == [(1, 3, ("prefill_rows", 4, 8), 0)]
+    assert got == run_schedule(alone, requests)
