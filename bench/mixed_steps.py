@@ -14,7 +14,8 @@ arithmetic: a prompt's tokens cost compute too, so output tokens/s cannot pass d
 out / (out + prompt x prompt token cost / decode token cost), with the two costs measured here (a 64-token
 chunk beside 16 decode rows vs a decode step alone). Writes `mixed_steps.json` into `--out`.
 
-    python bench/mixed_steps.py [--max-tokens 64] [--chunks 64,0] [--rounds 2] [--out bench/results]
+    python bench/mixed_steps.py [--max-tokens 64] [--chunks 64,0 | --servers 'FLAGS;FLAGS'] [--rounds 2]
+                                [--out bench/results]
 """
 
 from __future__ import annotations
@@ -79,21 +80,21 @@ def engine_rates(args) -> dict:
             "step_mixed_s": t_mixed, "prefill_s": t_prefill, "chunk": r.prefill_chunk}
 
 
-def start(args, chunk: int, out: Path):
+def start(args, flags: str, out: Path):
     port = free_port()
-    log = out / f"mixed_steps_serve_{chunk}.log"
-    proc = start_server(args, port, log, ("--prefill-chunk", str(chunk)))
+    log = out / f"mixed_steps_serve_{flags.replace(' ', '').replace('-', '_')}.log"
+    proc = start_server(args, port, log, tuple(flags.split()))
     try:
         ready = wait_healthy(proc, port, log, args.startup_timeout)
     except BaseException:
         stop_server(proc)
         raise
-    print(f"jaxchat serve --prefill-chunk {chunk}: ready in {ready:.0f} s", flush=True)
+    print(f"jaxchat serve {flags}: ready in {ready:.0f} s", flush=True)
     return proc, f"http://127.0.0.1:{port}/v1"
 
 
-def serve_levels(args, chunks: list[int], out: Path) -> dict:
-    """{chunk: {concurrency: summary with the median of each figure over the rounds}}."""
+def serve_levels(args, chunks: list[str], out: Path) -> dict:
+    """{server flags: {concurrency: summary with the median of each figure over the rounds}}."""
     servers = {}
     try:
         for c in chunks:
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (eos ignored)")
     p.add_argument("--chunks", default="64,0", help="--prefill-chunk of each server (0: separate prefills)")
+    p.add_argument("--servers", default=None,
+                   help="instead of --chunks: each server's `jaxchat serve` flags, separated by ';' (e.g. "
+                        "'--prefill-chunk 0;--prefill-chunk 0 --no-batched-prefill')")
     p.add_argument("--repeats", type=int, default=2, help="decode-aggregate runs (median)")
     p.add_argument("--rounds", type=int, default=2, help="turns each server is driven (medians)")
     p.add_argument("--max-context", type=int, default=512)
@@ -130,14 +134,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{eng['decode_aggregate']:.1f} tok/s; step: decode {eng['step_decode_s'] * 1e3:.0f} ms, decode + "
           f"{eng['chunk']}-token chunk {eng['step_mixed_s'] * 1e3:.0f} ms, prefill alone {eng['prefill_s'] * 1e3:.0f} ms",
           flush=True)
-    servers = serve_levels(args, [int(c) for c in args.chunks.split(",")], out)
+    variants = ([v.strip() for v in args.servers.split(";")] if args.servers
+                else [f"--prefill-chunk {int(c)}" for c in args.chunks.split(",")])
+    servers = serve_levels(args, variants, out)
     # per prompt token, in decode-token units: the chunk's extra step time over its tokens, over a decode
     # token's share of a full decode step
     cost = ((eng["step_mixed_s"] - eng["step_decode_s"]) / eng["chunk"]) / (eng["step_decode_s"] / args.max_batch)
     ceiling = args.max_tokens / (args.max_tokens + eng["prompt_tokens"] * cost)
     print(f"\nprompt token cost = {cost:.2f} decode tokens -> ceiling of serve / decode at "
           f"{args.max_tokens} output tokens per request: {ceiling:.2f}\n")
-    print(f"{'--prefill-chunk':<16}{'c16 tok/s':>10}{'/ decode':>10}{'TTFT c1':>9}{'TTFT c16':>10}{'c16 / c1':>10}")
+    width = max(len(v) for v in variants) + 2
+    print(f"{'server':<{width}}{'c16 tok/s':>10}{'/ decode':>10}{'TTFT c1':>9}{'TTFT c16':>10}{'c16 / c1':>10}")
     rows = {}
     for c, lv in servers.items():
         r = {"tokens_per_s": lv[16]["output_tokens_per_s"], "ttft_c1": lv[1]["ttft_p50_s"],
@@ -145,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         r["serve_over_decode"] = r["tokens_per_s"] / eng["decode_aggregate"]
         r["ttft_ratio"] = r["ttft_c16"] / r["ttft_c1"]
         rows[c] = r
-        print(f"{c:<16}{r['tokens_per_s']:>10.1f}{r['serve_over_decode']:>10.2f}{r['ttft_c1']:>8.2f}s"
+        print(f"{c:<{width}}{r['tokens_per_s']:>10.1f}{r['serve_over_decode']:>10.2f}{r['ttft_c1']:>8.2f}s"
               f"{r['ttft_c16']:>9.2f}s{r['ttft_ratio']:>10.2f}")
     chunks = list(rows)
     if len(chunks) == 2:
         a, b = rows[chunks[0]], rows[chunks[1]]
-        print(f"\n--prefill-chunk {chunks[0]} / {chunks[1]}: c16 tok/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}x, "
+        print(f"\n[{chunks[0]}] / [{chunks[1]}]: c16 tok/s {a['tokens_per_s'] / b['tokens_per_s']:.2f}x, "
               f"TTFT p50 c16 {a['ttft_c16'] / b['ttft_c16']:.2f}x")
     print(f"bars: serve / decode >= 0.85 (ceiling here {ceiling:.2f}); TTFT c16 / c1 <= 3")
     print(f"total {time.perf_counter() - t0:.0f} s")

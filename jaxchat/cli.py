@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="a prompt arriving while others decode is prefilled N tokens per step inside their decode "
                             "steps, so running requests never stall (0: a prefill program of its own; default 64 on "
                             "TPU/GPU, 0 on CPU, where it measured slower)")
+    serve.add_argument("--no-batched-prefill", action="store_true",
+                       help="prefill each arrival in a program of its own (default: arrivals admitted together "
+                            "whose prompts are short, e.g. turns whose prefix the cache holds, share one program)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -113,7 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
     engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
-                       jump_forward=not args.no_jump_forward, prefill_chunk=args.prefill_chunk)
+                       jump_forward=not args.no_jump_forward, prefill_chunk=args.prefill_chunk,
+                       prefill_batches=() if args.no_batched_prefill else None)
     if rank is not None and rank > 0:
         return _follow(args.model, rank, engine_args)
     service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
