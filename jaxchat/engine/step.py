@@ -18,7 +18,8 @@ Contract:
   the first token through the same masked sampler. `extend(slot, tokens, start, bitmask, sampling)` runs
   several tokens into a running row through the same program (jump-forward), keeping the row's counts and
   prompt mask.  `move(src, dst)`
-  copies one slot's rows and `swap(a, b)` exchanges two (the scheduler keeps active slots compact).
+  copies one slot's rows and `swap(a, b)` exchanges two (the scheduler keeps active slots compact): a row
+  read out, a move, the row written back, each in place.
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket ahead of time (lowered for the exact
   arguments a call passes, not run); after it, no call compiles anything.  Sampling parameters are arrays.
 - Attention spans: with `span_buckets` (and `StepModel.attention_spans`), each decode attends over
@@ -51,7 +52,7 @@ Contract:
   (the bucket's rows past k; the program may start below `slot` to stay inside the cache) write nothing
   and keep their counts and prompt masks. A burst of arrivals then costs one weight read, not one each.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
-  also compiles `swap`; `runner.keep_prefixes` says whether it is on.
+  also compiles the programs `swap` runs; `runner.keep_prefixes` says whether it is on.
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
   runs the same programs, see `step_link`, and reads the replicated outputs locally); the cache is sharded over kv heads on the mesh
   axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
@@ -257,8 +258,12 @@ class StepRunner:
         )
         self._move = jax.jit(functools.partial(self._move_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
                              in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
-        self._swap = jax.jit(functools.partial(self._swap_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
-                             in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
+        # a swap is a row read out, a move and the row written back: three in-place programs (one program
+        # swapping both rows made XLA:CPU copy the whole cache, 35x slower than a move)
+        self._read_row = jax.jit(functools.partial(self._read_row_impl, cache_axis=self._cache_axis),
+                                 in_shardings=(state_sh, rep), out_shardings=state_sh)
+        self._write_row = jax.jit(functools.partial(self._write_row_impl, cache_axis=self._cache_axis),
+                                  donate_argnums=(0,), in_shardings=(state_sh, state_sh, rep), out_shardings=state_sh)
 
     # ---- traced programs -------------------------------------------------------------------------
     def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays, span=None):
@@ -356,18 +361,22 @@ class StepRunner:
                            mv(state.prompt_mask, 0))
 
     @staticmethod
-    def _swap_impl(state: DecodeState, a, b, cache_axis: int = 1):
-        def sw(x, axis):
-            row_a = jax.lax.dynamic_slice_in_dim(x, a, 1, axis=axis)
-            row_b = jax.lax.dynamic_slice_in_dim(x, b, 1, axis=axis)
-            x = jax.lax.dynamic_update_slice_in_dim(x, row_b, a, axis=axis)
-            return jax.lax.dynamic_update_slice_in_dim(x, row_a, b, axis=axis)
+    def _read_row_impl(state: DecodeState, a, cache_axis: int = 1) -> DecodeState:
+        def cut(x, axis):
+            return jax.lax.dynamic_slice_in_dim(x, a, 1, axis=axis)
 
-        def sw_cache(c):
-            return jax.tree.map(lambda x: sw(x, cache_axis), c)
+        return DecodeState(jax.tree.map(lambda x: cut(x, cache_axis), state.cache_k),
+                           jax.tree.map(lambda x: cut(x, cache_axis), state.cache_v), cut(state.counts, 0),
+                           cut(state.prompt_mask, 0))
 
-        return DecodeState(sw_cache(state.cache_k), sw_cache(state.cache_v), sw(state.counts, 0),
-                           sw(state.prompt_mask, 0))
+    @staticmethod
+    def _write_row_impl(state: DecodeState, row: DecodeState, b, cache_axis: int = 1) -> DecodeState:
+        def put(x, r, axis):
+            return jax.lax.dynamic_update_slice_in_dim(x, r, b, axis=axis)
+
+        return DecodeState(jax.tree.map(lambda x, r: put(x, r, cache_axis), state.cache_k, row.cache_k),
+                           jax.tree.map(lambda x, r: put(x, r, cache_axis), state.cache_v, row.cache_v),
+                           put(state.counts, row.counts, 0), put(state.prompt_mask, row.prompt_mask, 0))
 
     # ---- host entry points ----------------------------------------------------------------------
     def _decode_call(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays):
@@ -516,7 +525,9 @@ class StepRunner:
         self.state = self._compiled.get(("move",), self._move)(self.state, np.int32(src), np.int32(dst))
 
     def swap(self, a: int, b: int) -> None:
-        self.state = self._compiled.get(("swap",), self._swap)(self.state, np.int32(a), np.int32(b))
+        row = self._compiled.get(("read_row",), self._read_row)(self.state, np.int32(a))
+        self.move(b, a)
+        self.state = self._compiled.get(("write_row",), self._write_row)(self.state, row, np.int32(b))
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile every bucket ahead of time: each program is lowered and compiled for exactly the arguments
@@ -548,7 +559,9 @@ class StepRunner:
                 calls.append((key, program, args))
         calls.append((("move",), self._move, (self.state, np.int32(0), np.int32(0))))
         if self.keep_prefixes and self.max_batch > 1:
-            calls.append((("swap",), self._swap, (self.state, np.int32(0), np.int32(1))))
+            row = jax.eval_shape(self._read_row, self.state, np.int32(0))
+            calls.append((("read_row",), self._read_row, (self.state, np.int32(0))))
+            calls.append((("write_row",), self._write_row, (self.state, row, np.int32(1))))
         for i, (key, program, args) in enumerate(calls):
             if self.executables is None:
                 self._compiled[key] = program.lower(*args).compile()

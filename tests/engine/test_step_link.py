@@ -35,6 +35,9 @@ class RecordingRunner:
     def prefill(self, *a, **k):
         return self._record("prefill", *a, **k)
 
+    def prefill_rows(self, *a, **k):
+        return self._record("prefill_rows", *a, **k)
+
     def mixed(self, *a, **k):
         return self._record("mixed", *a, **k)
 
@@ -70,6 +73,8 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     sp = SamplingArrays.numpy(2)
     assert broadcast.decode(np.array([5, 6], np.int32), np.array([3, -1], np.int32), np.zeros((2, 9), np.int32), sp) == "decode"
     broadcast.prefill(1, [1, 2, 3], np.zeros((1, 9), np.int32), SamplingArrays.numpy(1), start=1, prompt_len=2)
+    broadcast.prefill_rows(2, [([1, 2, 3], 0, 3), ([1, 2, 4, 5], 2, 3)], np.zeros((2, 9), np.int32),
+                           SamplingArrays.numpy(2))
     broadcast.mixed(np.array([5, 6], np.int32), np.array([3, -1], np.int32), 1, [4, 5, 6], 0,
                     np.zeros((3, 9), np.int32), SamplingArrays.numpy(3), prompt=[4, 5, 6], count_from=3, final=True)
     broadcast.extend(0, [7, 8], 4, np.ones((1, 9), np.int32), SamplingArrays.numpy(1))
@@ -81,7 +86,7 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     done.start()
     done.join(timeout=10)
     assert not done.is_alive()
-    assert [c[0] for c in replica.calls] == ["decode", "prefill", "mixed", "extend", "move", "swap"]
+    assert [c[0] for c in replica.calls] == ["decode", "prefill", "prefill_rows", "mixed", "extend", "move", "swap"]
     assert same(replica.calls, runner.calls)
 
 
