@@ -47,8 +47,8 @@ Contract:
 - Batched prefills (`prefill_batches`, for models whose forward runs mixed steps: positional caches, every
   row on its own): `prefill_rows(slot, rows, bitmask[k, W], sampling[k])` prefills k prompts (rows[i] =
   (tokens, start, prompt_len), as `prefill` takes them) into rows slot..slot+k-1 in ONE program of
-  [kb, t] tokens: kb the smallest `prefill_batches` bucket >= k, t a length bucket of at least
-  `MIN_BATCHED_LENGTH` with kb * t <= `PREFILL_BATCH_TOKENS` (`rows_bucket` says which fits). Padding rows
+  [kb, t] tokens: kb the smallest `prefill_batches` bucket >= k, t a length bucket with
+  kb * t <= `PREFILL_BATCH_TOKENS` (`rows_bucket` says which fits). Padding rows
   (the bucket's rows past k; the program may start below `slot` to stay inside the cache) write nothing
   and keep their counts and prompt masks. A burst of arrivals then costs one weight read, not one each.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
@@ -122,7 +122,6 @@ def mesh_platform(mesh: Mesh) -> str:
 
 
 PREFILL_BATCH_TOKENS = 256  # the most tokens (rows x length bucket) one batched prefill program runs
-MIN_BATCHED_LENGTH = 8  # batched prefills pad each prompt to at least this many tokens: fewer programs
 
 HEAD_VD = "head_vd"  # the runner's extra params entry: the lm head stored vocab-major, for batched decode
 
@@ -197,7 +196,7 @@ class StepRunner:
         # several arrivals' prompts in one program: row buckets, each with the length buckets its token budget allows
         batches = sorted({min(int(k), max_batch) for k in prefill_batches} - {0, 1}) if model.mixed_steps else []
         self.prefill_lengths = {kb: lengths for kb in batches if (lengths := tuple(
-            t for t in self.length_buckets if MIN_BATCHED_LENGTH <= t and kb * t <= PREFILL_BATCH_TOKENS))}
+            t for t in self.length_buckets if kb * t <= PREFILL_BATCH_TOKENS))}
         self.prefill_batches = tuple(self.prefill_lengths)
         self.mesh = mesh
         self.layout = model.layout

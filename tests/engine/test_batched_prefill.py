@@ -4,10 +4,12 @@
   prefills and with each prompt prefilled alone, over bursts of arrivals, shared prefixes (prefix reuse on),
   arrivals while other rows decode, and output lengths (hypothesis).
 - A burst takes one batched program; padding rows of a program that starts below the arrivals' rows (running
-  rows) are left as they were."""
+  rows) are left as they were.
+- `StepRunner.swap` (prefix reuse swaps rows on admission and compaction) trades exactly two rows."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -123,3 +125,35 @@ def test_padding_rows_below_the_arrivals_keep_the_running_rows(engines):
         del runner._rows_call
     assert keys == [(1, 3, ("prefill_rows", 4, 8), 0)]
     assert got == run_schedule(alone, requests)
+
+
+def test_swap_exchanges_two_rows_and_keeps_the_others(engines):
+    """`StepRunner.swap` (a row read out, a move, the row written back): the two rows' cache, counts and prompt
+    masks trade places; every other row is untouched."""
+    import jax
+
+    from jaxchat.engine.prefix_cache import ResidentPrefixes
+    from jaxchat.engine.sampler import SamplingArrays
+
+    _, alone = engines
+    r = alone.runner
+    mask = np.full((1, r.mask_words), -1, np.int32)
+    for row in range(4):
+        r.prefill(row, [row + 1] * (5 + row), mask, SamplingArrays.numpy(1))
+    alone.scheduler.prefixes = ResidentPrefixes(r.max_batch)  # the rows no longer hold what the records say
+    axes = batch_axes(r)
+    before = [np.asarray(x) for x in jax.tree.leaves(r.state)]
+    r.swap(1, 3)
+    after = [np.asarray(x) for x in jax.tree.leaves(r.state)]
+    assert any(not np.array_equal(np.take(x, 1, axis=a), np.take(x, 3, axis=a)) for x, a in zip(before, axes))
+    for x, y, axis in zip(before, after, axes, strict=True):
+        np.testing.assert_array_equal(np.take(y, [0, 3, 2, 1], axis=axis), x)
+
+
+def batch_axes(runner) -> list[int]:
+    """The batch axis of each leaf of the runner's DecodeState: the cache's, then 0 for counts and prompt masks."""
+    import jax
+
+    state = runner.state
+    n_cache = len(jax.tree.leaves((state.cache_k, state.cache_v)))
+    return [runner._cache_axis] * n_cache + [0, 0]
