@@ -1,4 +1,4 @@
-"""Mixed steps on vs off, against the engine's own batched decode rate, in one run.
+"""Mixed steps on vs off (or any `jaxchat serve` flag sets), against the engine's own batched decode rate, in one run.
 
 1. The engine's steady-state decode aggregate at batch 16 (`bench/decode.py`'s `run_jaxchat`: the tokens all
    rows generate while every one of them decodes, prefills excluded), in this process, on the served prompt.
@@ -7,6 +7,10 @@
    driven in turns, `--rounds` times each (so a slower spell of this shared host hits both alike), by `bench/serve.py`'s
    closed loop (the async `openai` SDK, streaming, greedy, `--max-tokens` output tokens, eos ignored) at
    concurrency 1 and 16, unconstrained; each figure is the median over its rounds.
+
+Also times, on the engine's runner, what a closed loop's next wave costs when the cache holds each prompt but
+its last token (prefix reuse): that token prefilled once per arrival vs all of them in one batched prefill
+(`StepRunner.prefill_rows`), and the row swap that places each arrival.
 
 Prints, per server: output tokens/s at concurrency 16 over the decode aggregate (the issue's bar: >= 0.85),
 TTFT p50 at concurrency 16 over concurrency 1 (bar: <= 3), and mixed / separate for both; and the ceiling
@@ -74,10 +78,16 @@ def engine_rates(args) -> dict:
         t_decode = timed(lambda: r.decode(tokens, positions, mask, sp))
         t_mixed = timed(lambda: r.mixed(tokens, positions, b - 1, chunk, 0, mask1, sp1, prompt=chunk))
         t_prefill = timed(lambda: r.prefill(b - 1, prompt, mask[:1], SamplingArrays.numpy(1)))
+        # a wave of arrivals whose prompts the cache holds but the last token: one each, or all in one program
+        n = len(prompt)
+        t_one_token = timed(lambda: r.prefill(b - 1, prompt, mask[:1], SamplingArrays.numpy(1), start=n - 1))
+        t_rows = timed(lambda: r.prefill_rows(0, [(prompt, n - 1, n)] * b, mask, sp)) if r.prefill_batches else None
+        t_swap = timed(lambda: r.swap(0, b - 1)) if r.keep_prefixes else None
     finally:
         engine.shutdown()
     return {"prompt_tokens": len(prompt), "decode_aggregate": decode, "step_decode_s": t_decode,
-            "step_mixed_s": t_mixed, "prefill_s": t_prefill, "chunk": r.prefill_chunk}
+            "step_mixed_s": t_mixed, "prefill_s": t_prefill, "chunk": r.prefill_chunk,
+            "prefill_last_token_s": t_one_token, "prefill_rows_last_token_s": t_rows, "swap_s": t_swap}
 
 
 def start(args, flags: str, out: Path):
@@ -134,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{eng['decode_aggregate']:.1f} tok/s; step: decode {eng['step_decode_s'] * 1e3:.0f} ms, decode + "
           f"{eng['chunk']}-token chunk {eng['step_mixed_s'] * 1e3:.0f} ms, prefill alone {eng['prefill_s'] * 1e3:.0f} ms",
           flush=True)
+    if eng["prefill_rows_last_token_s"] is not None and eng["swap_s"] is not None:
+        print(f"a wave of {args.max_batch} prompts held but their last token: {args.max_batch} prefills "
+              f"{args.max_batch * eng['prefill_last_token_s'] * 1e3:.0f} ms, one batched prefill "
+              f"{eng['prefill_rows_last_token_s'] * 1e3:.0f} ms; a row swap {eng['swap_s'] * 1e3:.1f} ms", flush=True)
     variants = ([v.strip() for v in args.servers.split(";")] if args.servers
                 else [f"--prefill-chunk {int(c)}" for c in args.chunks.split(",")])
     servers = serve_levels(args, variants, out)
