@@ -9,8 +9,7 @@ Contract:
   request compiles. Decode attends over max_context, max_context/2 or max_context/4 positions, the
   smallest that covers every running row (`default_span_buckets`).
 - `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
-  has `finished=True`; deltas reach the caller's event loop once per engine step (`Mailbox`), and a step's
-  first tokens right after its prefills, before its decode. Leaving
+  has `finished=True`; deltas reach the caller's event loop once per engine step (`Mailbox`). Leaving
   the loop early (break, cancellation) aborts the request.
 - `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
   `engine.abort(request_id)` frees the request's slot at the next step ("abort").
@@ -141,7 +140,6 @@ class Engine:
             self._warmup()
         self._compiles_at_ready = compile_count()
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
-        self.scheduler.after_prefills = self._mailbox.flush  # and after its prefills: first tokens go out at once
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None

@@ -5,8 +5,7 @@
   arrivals while other rows decode, and output lengths (hypothesis).
 - A burst takes one batched program; padding rows of a program that starts below the arrivals' rows (running
   rows) are left as they were.
-- `StepRunner.swap` (prefix reuse swaps rows on admission and compaction) trades exactly two rows.
-- A step's first tokens are handed out after its prefills, before its decode (`Scheduler.after_prefills`)."""
+- `StepRunner.swap` (prefix reuse swaps rows on admission and compaction) trades exactly two rows."""
 
 from __future__ import annotations
 
@@ -158,28 +157,3 @@ def batch_axes(runner) -> list[int]:
     state = runner.state
     n_cache = len(jax.tree.leaves((state.cache_k, state.cache_v)))
     return [runner._cache_axis] * n_cache + [0, 0]
-
-
-def test_first_tokens_are_handed_out_before_the_steps_decode(engines):
-    """r0 arrives at step 0, r1 at step 3 while r0 decodes: when each step's prefills are done, the arrival's
-    first token is out and that step's decode has not run yet."""
-    batched, _ = engines
-    sched = batched.scheduler
-    outs: dict[str, list[int]] = {"r0": [], "r1": []}
-    calls, restore = count_calls(batched.runner, ("decode",))
-    seen = []
-    sched.after_prefills = lambda: seen.append((len(outs["r0"]), len(outs["r1"]), calls["decode"]))
-    try:
-        for step in range(12):
-            if step in (0, 3):
-                rid = f"r{step // 3}"
-                sched.submit(GenerationRequest([5, 6, 7, step], SamplingParams(max_tokens=6, temperature=0,
-                                                                               ignore_eos=True), request_id=rid),
-                             lambda out, rid=rid: outs[rid].extend(out.token_ids))
-            sched.step()
-    finally:
-        sched.after_prefills = None
-        restore()
-    assert not sched.has_work() and len(outs["r0"]) == len(outs["r1"]) == 6
-    # r0: its prefill's token, then one per decode of steps 0-2; r1: its prefill's token; decodes so far: 3
-    assert seen == [(1, 0, 0), (4, 1, 3)]
