@@ -123,6 +123,17 @@ def mesh_platform(mesh: Mesh) -> str:
 
 PREFILL_BATCH_TOKENS = 256  # the most tokens (rows x length bucket) one batched prefill program runs
 
+def with_rows(state: DecodeState, cache_k, cache_v, counts, prompt_mask, row) -> DecodeState:
+    """`state` with the new cache and rows row.. of its counts and prompt masks replaced by `counts` and
+    `prompt_mask` (each [k, V])."""
+    return DecodeState(
+        cache_k,
+        cache_v,
+        jax.lax.dynamic_update_slice_in_dim(state.counts, counts, row, axis=0),
+        jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, prompt_mask, row, axis=0),
+    )
+
+
 HEAD_VD = "head_vd"  # the runner's extra params entry: the lm head stored vocab-major, for batched decode
 
 
@@ -294,12 +305,7 @@ class StepRunner:
         decoded = state.counts[:b].at[jnp.arange(b), out.tokens[:b]].add((positions >= 0).astype(jnp.int32))
         counts = jax.lax.dynamic_update_slice_in_dim(state.counts, decoded, 0, axis=0)
         row_counts = row_counts.at[0, out.tokens[b]].add(final.astype(jnp.int32))
-        return DecodeState(
-            ck,
-            cv,
-            jax.lax.dynamic_update_slice_in_dim(counts, row_counts, slot, axis=0),
-            jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, row_pmask, slot, axis=0),
-        ), out
+        return with_rows(state._replace(counts=counts), ck, cv, row_counts, row_pmask, slot), out
 
     def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, pmask, bitmask, sp,
                       count_from, extend):
@@ -316,12 +322,7 @@ class StepRunner:
         counts = jnp.where(extend, row_counts, 0).at[0, tokens[0]].add(counted.astype(jnp.int32))
         out = sample(last, bitmask, counts, pmask, sp, self.valid_vocab)
         counts = counts.at[0, out.tokens[0]].add(1)
-        return DecodeState(
-            ck,
-            cv,
-            jax.lax.dynamic_update_slice_in_dim(state.counts, counts, slot, axis=0),
-            jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, pmask, slot, axis=0),
-        ), out
+        return with_rows(state, ck, cv, counts, pmask, slot), out
 
     def _prefill_rows_impl(self, params, state: DecodeState, offset, tokens, positions, lengths, valid, pmask,
                            bitmask, sp, count_from):
@@ -340,12 +341,7 @@ class StepRunner:
         keep = valid[:, None]
         counts = jnp.where(keep, counts, jax.lax.dynamic_slice_in_dim(state.counts, offset, kb, axis=0))
         pmask = jnp.where(keep, pmask, jax.lax.dynamic_slice_in_dim(state.prompt_mask, offset, kb, axis=0))
-        return DecodeState(
-            ck,
-            cv,
-            jax.lax.dynamic_update_slice_in_dim(state.counts, counts, offset, axis=0),
-            jax.lax.dynamic_update_slice_in_dim(state.prompt_mask, pmask, offset, axis=0),
-        ), out
+        return with_rows(state, ck, cv, counts, pmask, offset), out
 
     @staticmethod
     def _move_impl(state: DecodeState, src, dst, cache_axis: int = 1):

@@ -20,6 +20,16 @@ from jaxchat.models import StepModel
 SPECIALS = ["<|im_end|>", "<tool_call>", "</tool_call>"]
 
 
+def tiny_byte_qwen2(path):
+    """A tiny random Qwen2 (264-token vocabulary) saved with `byte_tokenizer()` at `path`, loaded in float32."""
+    from jaxchat.models.load import load_model
+    from tests.models.conftest import build_tiny
+
+    build_tiny("qwen2", path, vocab_size=264)
+    byte_tokenizer().save_pretrained(path)
+    return load_model(path, "float32")
+
+
 def byte_tokenizer():
     """A byte-level BPE tokenizer: 256 byte tokens, a few merges, three special tokens (ids 256..)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

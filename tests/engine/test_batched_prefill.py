@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from jaxchat.engine.engine import Engine
 from jaxchat.engine.types import GenerationRequest, SamplingParams
-from tests.engine.helpers import byte_tokenizer
+from tests.engine.helpers import tiny_byte_qwen2
 
 SHARED = list(range(40, 52))  # a prefix several prompts start with: rows that held it are reused
 
@@ -24,13 +24,7 @@ SHARED = list(range(40, 52))  # a prefix several prompts start with: rows that h
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     """A tiny Qwen2 twice: batched prefills of up to 2 and 4 prompts, and every prompt prefilled alone."""
-    from jaxchat.models.load import load_model
-    from tests.models.conftest import build_tiny
-
-    path = tmp_path_factory.mktemp("tiny_qwen2")
-    build_tiny("qwen2", path, vocab_size=264)
-    byte_tokenizer().save_pretrained(path)
-    model = load_model(path, "float32")
+    model = tiny_byte_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
     shapes = {"max_batch": 4, "max_context": 128, "length_buckets": (8, 16, 32, 128), "warmup": False,
               "start": False, "prefill_chunk": 0}
     batched = Engine(model, **shapes, prefill_batches=(2, 4))

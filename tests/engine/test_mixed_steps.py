@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from jaxchat.engine.engine import Engine
 from jaxchat.engine.types import GenerationRequest, SamplingParams
-from tests.engine.helpers import byte_tokenizer
+from tests.engine.helpers import tiny_byte_qwen2
 
 CHUNK = 8  # prompt tokens per mixed step: the test prompts take one to five chunks
 
@@ -63,13 +63,7 @@ def test_mixed_forward_equals_decode_then_prefill(family, tmp_path):
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     """A tiny Qwen2 twice: mixed steps of CHUNK tokens, and every prompt in a prefill program of its own."""
-    from jaxchat.models.load import load_model
-    from tests.models.conftest import build_tiny
-
-    path = tmp_path_factory.mktemp("tiny_qwen2")
-    build_tiny("qwen2", path, vocab_size=264)
-    byte_tokenizer().save_pretrained(path)
-    model = load_model(path, "float32")
+    model = tiny_byte_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
     shapes = {"max_batch": 4, "max_context": 128, "length_buckets": (32, 128), "warmup": False, "start": False}
     mixed = Engine(model, **shapes, prefill_chunk=CHUNK)
     separate = Engine(model, **shapes, prefill_chunk=0)
