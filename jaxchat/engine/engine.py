@@ -9,7 +9,8 @@ Contract:
   request compiles. Decode attends over max_context, max_context/2 or max_context/4 positions, the
   smallest that covers every running row (`default_span_buckets`).
 - `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
-  has `finished=True`; deltas reach the caller's event loop once per engine step (`Mailbox`). Leaving
+  has `finished=True`; deltas reach the caller's event loop once per engine step (`Mailbox`), and a step's
+  first tokens right after its prefills, before its decode. Leaving
   the loop early (break, cancellation) aborts the request.
 - `engine.submit(request, callback)` is the thread-level API (callback runs on the engine thread);
   `engine.abort(request_id)` frees the request's slot at the next step ("abort").
@@ -27,8 +28,8 @@ Contract:
   short are prefilled together, up to that many per program (`StepRunner.prefill_rows`; None: 4 and 16, `()`
   prefills each alone), for the same models as mixed steps. Greedy outputs are those of separate prefills.
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
-  step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: 2 on
-  CPU with jump-forward, where a short extend costs less in a small bucket, else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
+  step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: on CPU, where a
+  short run costs less in a small bucket, 1 with prefix reuse and 2 with jump-forward; else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
   the next engine on the same model and shapes loads them instead of tracing and compiling.
 - Multi-host: `engine.relay_steps(link)` (before `start()`) makes process 0's engine send every step call to
   the follower processes first (`step_link.BroadcastRunner`); the followers build the same engine with
@@ -72,12 +73,16 @@ CLUSTER_LOST_HOLD_S = 2.0
 DEFAULT_PREFILL_CHUNK = 64
 
 
-def default_min_prefill_bucket(mesh: jax.sharding.Mesh, jump_forward: bool) -> int:
-    """The smallest prompt-length bucket: 2 on CPU with jump-forward, else 8. Jump-forward's extend steps carry
-    a few tokens (the sampled one and the forced ones: 2-5 for a JSON key), and XLA:CPU's matmuls cost with
-    the rows they are given (a 2-token run 1.2x a decode step, 4 tokens 1.3x, 8 tokens 1.5x: measured on
-    the default model); on TPU/GPU a small run costs what 8 tokens do, so two more programs buy nothing."""
-    return 2 if jump_forward and mesh_platform(mesh) == "cpu" else 8
+def default_min_prefill_bucket(mesh: jax.sharding.Mesh, jump_forward: bool, prefix_cache: bool = False) -> int:
+    """The smallest prompt-length bucket. On CPU: 1 with prefix reuse (a prompt sent again, as a retry, a
+    regenerate or a burst of one prompt, leaves one token to run: 80 ms in a 1-token program against 110 ms
+    padded to 2 at batch 1 on the default model, 236 vs 283 ms for 16 such rows), else 2 with jump-forward
+    (its extend steps carry a few tokens: the sampled one and the forced ones, 2-5 for a JSON key), else 8.
+    XLA:CPU's matmuls cost with the rows they are given (a 2-token run 1.2x a decode step, 4 tokens 1.3x,
+    8 tokens 1.5x); on TPU/GPU a small run costs what 8 tokens do, so more programs buy nothing: 8."""
+    if mesh_platform(mesh) != "cpu":
+        return 8
+    return 1 if prefix_cache else 2 if jump_forward else 8
 
 
 def default_prefill_batches(max_batch: int) -> tuple[int, ...]:
@@ -122,11 +127,13 @@ class Engine:
         specs = model.partition_specs(self.mesh)
         shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
         params = jax.device_put(model.params, shardings)
+        step_model = model.step_model(params, mesh_platform(self.mesh))
+        smallest = min_prefill_bucket or default_min_prefill_bucket(self.mesh, jump_forward,
+                                                                    prefix_cache and step_model.prefix_reuse)
         self.runner = StepRunner(
-            model.step_model(params, mesh_platform(self.mesh)), max_batch, max_context, vocab, valid_vocab, self.mesh,
+            step_model, max_batch, max_context, vocab, valid_vocab, self.mesh,
             batch_buckets or pow2_buckets(1, max_batch),
-            length_buckets or pow2_buckets(min(min_prefill_bucket or default_min_prefill_bucket(self.mesh, jump_forward),
-                                               max_context), max_context),
+            length_buckets or pow2_buckets(min(smallest, max_context), max_context),
             span_buckets or default_span_buckets(max_context),
             keep_prefixes=prefix_cache,
             executables=None if executable_cache is None or jax.process_count() > 1
@@ -140,6 +147,7 @@ class Engine:
             self._warmup()
         self._compiles_at_ready = compile_count()
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
+        self.scheduler.after_prefills = self._mailbox.flush  # and after its prefills: first tokens go out at once
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None

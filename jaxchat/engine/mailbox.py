@@ -3,7 +3,7 @@
 Contract:
 - `Mailbox.post(loop, deliver, on_closed)` (any thread) queues the callable `deliver` to run on `loop`;
   nothing reaches the loop until `flush()`.
-- `Mailbox.flush()` (the engine thread, after each step) wakes every loop that has pending calls once,
+- `Mailbox.flush()` (the engine thread, after each step and after a step's prefills) wakes every loop that has pending calls once,
   with one `call_soon_threadsafe` that runs them in posting order. When a loop is already closed its
   calls are dropped and each one's `on_closed()` runs instead, on the flushing thread.
 

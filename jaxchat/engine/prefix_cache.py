@@ -10,9 +10,12 @@ Contract:
   `rows`: `length` prompt tokens can be reused (the longest common prefix with any record, capped at
   len(prompt) - 1: the last prompt token is always run, for its logits), from row `source` (-1: none).
   `row` is the row the request should overwrite: the source itself when the prompt reuses at least half of
-  its record (the same conversation going on), otherwise a row holding nothing, else the least recently
-  recorded or used one (never the source while another row is free), and then the scheduler copies the
-  shared prefix over from `source`, which keeps its record for the conversation it belongs to.
+  its record (the same conversation going on), otherwise a row holding nothing, else one of the rows least
+  recently recorded or used (`tick()` starts each scheduler step; rows of the same step count as equally old):
+  of those `rows[0]` (where the scheduler places the request: no swap), then one holding the prefix (no
+  copy), then the first recorded. When `row` does not hold the prefix, the scheduler copies it over from
+  `source`, which keeps its record for the conversation it belongs to. A burst of requests repeating one
+  prompt, as the rows of the burst before it finished together, so takes those rows in place.
 - Valid only for caches indexed by position (attention K/V): a row's state at position n must not depend
   on tokens written after n. Recurrent layers (convolution windows, linear attention) break that; the
   engine does not build this for such models.
@@ -43,12 +46,18 @@ class Placement(NamedTuple):
 class ResidentPrefixes:
     def __init__(self, rows: int) -> None:
         self._tokens: list[np.ndarray | None] = [None] * rows
-        self._used = [0] * rows  # when each row was last recorded or reused from (LRU order)
+        # when each row was last recorded or reused from: (scheduler step, order within it), for LRU eviction
+        self._used = [(0, 0)] * rows
+        self._step = 0
         self._clock = 0
+
+    def tick(self) -> None:
+        """A new scheduler step: rows recorded or used from now on are newer than those before."""
+        self._step += 1
 
     def _touch(self, row: int) -> None:
         self._clock += 1
-        self._used[row] = self._clock
+        self._used[row] = (self._step, self._clock)
 
     def record(self, row: int, tokens: Sequence[int]) -> None:
         self._tokens[row] = np.asarray(tokens, np.int64) if len(tokens) else None
@@ -69,18 +78,24 @@ class ResidentPrefixes:
         rows = list(rows)
         p = np.asarray(prompt, np.int64)
         limit = len(p) - 1
-        source, length = -1, 0
-        for row in rows:
-            held = self._tokens[row]
-            if held is not None:
-                n = min(common_prefix_length(held, p), limit)
-                if n > length:
-                    source, length = row, n
+        match = {r: 0 if (held := self._tokens[r]) is None else min(common_prefix_length(held, p), limit)
+                 for r in rows}
+        length = max(match.values(), default=0)
+        holders = [r for r in rows if length and match[r] == length]
+        for r in holders:
+            if 2 * length >= len(self._tokens[r]):  # the same conversation going on: its own row
+                self._touch(r)
+                return Placement(r, r, length)
+        empty = [r for r in rows if self._tokens[r] is None]
+        if empty:
+            target = empty[0]
+        else:
+            # the least recently used step's rows; of those, the one that needs the least copying (rows[0],
+            # where the request goes, then a row holding the prefix), then the oldest
+            oldest = min(self._used[r][0] for r in rows)
+            spare = [r for r in rows if self._used[r][0] == oldest]
+            target = min(spare, key=lambda r: (r != rows[0], r not in holders, self._used[r][1]))
+        source = target if target in holders else (holders[0] if holders else -1)
         if source >= 0:
             self._touch(source)
-            if 2 * length >= len(self._tokens[source]):
-                return Placement(source, source, length)
-        others = [r for r in rows if r != source] or rows
-        empty = [r for r in others if self._tokens[r] is None]
-        target = empty[0] if empty else min(others, key=lambda r: self._used[r])
         return Placement(target, source, length)

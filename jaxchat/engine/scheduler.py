@@ -9,6 +9,11 @@ Contract:
   one batched decode step over the running rows.  Active requests always
   occupy slots `0..n-1` (a finished request's slot is refilled by moving the highest one down), so the
   decode batch bucket is the smallest one >= n and host work is proportional to the active rows only.
+- `after_prefills` (optional): called after a step's prefills and before its decode, so the caller can hand
+  the new rows' first tokens out without waiting for the decode (the engine flushes its mailbox there).
+  Requests submitted while a step's prefills ran are admitted in a second round before its decode (a burst
+  whose first arrival woke an idle engine is not split by a decode step); each round admits up to
+  `max_prefills_per_step` prompts that need a program of their own.
 - Mixed steps (`runner.prefill_chunk` > 0): a request admitted while other rows decode is not prefilled in a
   program of its own. Its prompt (and the forced text after it) is run `prefill_chunk` tokens at a time, one
   chunk per step, inside the decode step of the running rows (`runner.mixed`), oldest arrival first; the
@@ -107,6 +112,8 @@ class Scheduler:
         self._extends: list[_Seq] = []
         self.mixed_steps = 0
         self._chunking: collections.deque[_Seq] = collections.deque()  # admitted, prompt still in chunks
+        # called after a step's prefills, before its decode: the engine hands the first tokens out right away
+        self.after_prefills: Callable[[], None] | None = None
 
     # ---- thread-safe entry points -----------------------------------------------------------------
     def submit(self, request: GenerationRequest, emit: Emit) -> None:
@@ -129,11 +136,17 @@ class Scheduler:
             self._inbox.clear()
             aborts = set(self._aborts)
             self._aborts.clear()
+        if self.prefixes is not None:
+            self.prefixes.tick()
         if aborts:
             self._apply_aborts(aborts)
         if self._extends:
             self._run_extends()
-        self._admit_waiting()
+        if self._admit_waiting():
+            self._hand_out()
+            # a burst's later arrivals, come in while those prompts ran, are prefilled before the decode too
+            if self._take_inbox() and self._admit_waiting():
+                self._hand_out()
         while self._chunking and self._chunking[0].finished:
             self._chunking.popleft()
         decoding = self._any_decoding()
@@ -148,10 +161,23 @@ class Scheduler:
             self._decode()
         self.steps += 1
 
-    def _admit_waiting(self) -> None:
+    def _take_inbox(self) -> bool:
+        """Move newly submitted requests to the waiting queue; whether there were any."""
+        with self._lock:
+            self.waiting.extend(self._inbox)
+            arrived = bool(self._inbox)
+            self._inbox.clear()
+        return arrived
+
+    def _hand_out(self) -> None:
+        if self.after_prefills is not None:
+            self.after_prefills()
+
+    def _admit_waiting(self) -> bool:
         """Admit waiting requests into free rows and prefill their prompts: up to `max_prefills_per_step` that
         each need a program of their own, and beside them as many short ones as one batched prefill takes
-        (`StepRunner.prefill_rows`: a burst of arrivals, typically turns whose prefix the cache holds)."""
+        (`StepRunner.prefill_rows`: a burst of arrivals, typically turns whose prefix the cache holds).
+        Returns whether any prompt was prefilled."""
         r = self.runner
         most = max(self.max_prefills_per_step, *r.prefill_batches, 0)
         jobs: list[tuple[_Seq, list[int], int]] = []
@@ -166,13 +192,14 @@ class Scheduler:
         if not r.prefill_batches:
             for seq, tokens, start in jobs:
                 self._prefill(seq, tokens, start)
-            return
+            return bool(jobs)
         for group in self._row_groups(jobs):
             if len(group) == 1:
                 self._prefill(*group[0], compact=False)
             else:
                 self._prefill_group(group)
         self._compact()
+        return bool(jobs)
 
     def _row_groups(self, jobs: list[tuple[_Seq, list[int], int]]) -> list[list[tuple[_Seq, list[int], int]]]:
         """The admitted prompts in runs of consecutive rows that one batched prefill program takes."""

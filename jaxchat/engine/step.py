@@ -21,7 +21,8 @@ Contract:
   copies one slot's rows and `swap(a, b)` exchanges two (the scheduler keeps active slots compact): a row
   read out, a move, the row written back, each in place.
 - Only bucket shapes are ever traced: `warmup()` compiles every bucket ahead of time (lowered for the exact
-  arguments a call passes, not run); after it, no call compiles anything.  Sampling parameters are arrays.
+  arguments a call passes); after it, no call compiles anything. It also runs the small programs once
+  (`PRIME_TOKENS`): on XLA:CPU a program's first run is slower than the next ones.  Sampling parameters are arrays.
 - Attention spans: with `span_buckets` (and `StepModel.attention_spans`), each decode attends over
   the smallest span bucket above every row's position instead of all of max_context: one decode program
   per (batch bucket, span bucket).
@@ -122,6 +123,9 @@ def mesh_platform(mesh: Mesh) -> str:
 
 
 PREFILL_BATCH_TOKENS = 256  # the most tokens (rows x length bucket) one batched prefill program runs
+# warm-up also runs once each program of at most this many tokens: on XLA:CPU a program's first run costs
+# ~0.2-0.3 s more than the next ones (the default model; compiled or loaded alike), a whole decode step
+PRIME_TOKENS = 64
 
 def with_rows(state: DecodeState, cache_k, cache_v, counts, prompt_mask, row) -> DecodeState:
     """`state` with the new cache and rows row.. of its counts and prompt masks replaced by `counts` and
@@ -328,10 +332,11 @@ class StepRunner:
                            bitmask, sp, count_from):
         # kb prompts [kb, t] into rows offset..offset+kb-1, logits at each row's last token; rows not `valid`
         # (padding: positions all -1, so no K/V is written) keep their counts and prompt masks.
-        params, _ = split_vocab_major_head(params)
+        params, head_vd = split_vocab_major_head(params)
+        extra = {} if head_vd is None else {"head_vd": head_vd}  # several rows' logits: as decode computes them
         kb, t = tokens.shape
         logits, ck, cv = self._forward(params, tokens, positions, state.cache_k, state.cache_v, row_offset=offset,
-                                       logits_index=jnp.maximum(lengths - 1, 0))
+                                       logits_index=jnp.maximum(lengths - 1, 0), **extra)
         counted = (positions >= count_from[:, None]) & (jnp.arange(t)[None, :] < lengths[:, None])
         rows = jnp.arange(kb)
         counts = jnp.zeros((kb, state.counts.shape[1]), jnp.int32).at[rows[:, None], tokens].add(
@@ -524,34 +529,42 @@ class StepRunner:
         self.move(b, a)
         self.state = self._compiled.get(("write_row",), self._write_row)(self.state, row, np.int32(b))
 
-    def warmup(self, progress: Callable[[int, int], None] | None = None) -> None:
+    def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True) -> None:
         """Compile every bucket ahead of time: each program is lowered and compiled for exactly the arguments
         `decode`/`prefill` pass it (jit then reuses the executable), not run, so warm-up costs compiles only
-        (or persistent-cache loads), not a forward over every prompt bucket. Touches no slot data.
-        `progress(done, total)` is called after each program."""
-        calls = []
+        (or persistent-cache loads), not a forward over every prompt bucket. `prime`: then run once each
+        program of at most `PRIME_TOKENS` tokens (decode buckets, short prefills, small batched prefills,
+        the row moves), so no request pays a program's first-run cost; that writes only into the fresh
+        cache (no row holds anything yet) and the counts and prompt masks are zeroed after it. Not on a
+        multi-process mesh (every process would have to run them in step). `progress(done, total)` is
+        called after each program."""
+        makers: list[tuple[int, Callable[[], tuple]]] = []  # (tokens, () -> (key, program, args)) per program
         for b in self.batch_buckets:
             sp = SamplingArrays.numpy(b)
             mask = np.zeros((b, self.mask_words), np.int32)
             for span in self.span_buckets:
                 positions = np.full(b, -1, np.int32)
                 positions[0] = span - 1
-                calls.append(self._decode_call(np.zeros(b, np.int32), positions, mask, sp))
+                makers.append((b, functools.partial(self._decode_call, np.zeros(b, np.int32), positions, mask, sp)))
         for b in self.mixed_buckets:
             sp, mask = SamplingArrays.numpy(b + 1), np.zeros((b + 1, self.mask_words), np.int32)
             pmask = np.zeros((1, self.vocab_size), np.bool_)
             for span in self.span_buckets:
-                calls.append(self._mixed_call(np.zeros(b, np.int32), np.full(b, -1, np.int32), 0, [0],
-                                              span - 1, mask, sp, pmask, True, 0, True))
+                makers.append((b + self.prefill_chunk, functools.partial(
+                    self._mixed_call, np.zeros(b, np.int32), np.full(b, -1, np.int32), 0, [0], span - 1, mask, sp,
+                    pmask, True, 0, True)))
         sp1, mask1 = SamplingArrays.numpy(1), np.zeros((1, self.mask_words), np.int32)
         for t in self.length_buckets:
-            calls.append(self._prefill_call(0, [0] * min(t, self.max_context - 1), mask1, sp1))
+            makers.append((t, functools.partial(self._prefill_call, 0, [0] * min(t, self.max_context - 1), mask1,
+                                                sp1)))
         for kb, lengths in self.prefill_lengths.items():
             for t in lengths:
                 n = min(t, self.max_context - 1)
-                key, program, args, _ = self._rows_call(0, [([0] * n, 0, n)] * kb, np.zeros((kb, self.mask_words),
-                                                        np.int32), SamplingArrays.numpy(kb), (kb, t))
-                calls.append((key, program, args))
+                rows_call = functools.partial(self._rows_call, 0, [([0] * n, 0, n)] * kb,
+                                              np.zeros((kb, self.mask_words), np.int32), SamplingArrays.numpy(kb),
+                                              (kb, t))
+                makers.append((kb * t, lambda rows_call=rows_call: rows_call()[:3]))
+        calls = [make() for _, make in makers]
         calls.append((("move",), self._move, (self.state, np.int32(0), np.int32(0))))
         if self.keep_prefixes and self.max_batch > 1:
             row = jax.eval_shape(self._read_row, self.state, np.int32(0))
@@ -565,3 +578,18 @@ class StepRunner:
                 self._compiled[key] = self.executables.load_or_compile(identity, program, args)
             if progress is not None:
                 progress(i + 1, len(calls))
+        if prime and jax.process_count() == 1:
+            self._prime([make for tokens, make in makers if tokens <= PRIME_TOKENS])
+
+    def _prime(self, makers: Sequence[Callable[[], tuple]]) -> None:
+        """Run each program once on the fresh cache (arguments made now: the state is donated by each run),
+        then zero the counts and prompt masks it touched."""
+        for make in makers:
+            self._run(*make())
+        if self.keep_prefixes and self.max_batch > 1:
+            self.swap(0, 1)
+        else:
+            self.move(0, 0)
+        fresh = {name: jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
+                 for name, x in (("counts", self.state.counts), ("prompt_mask", self.state.prompt_mask))}
+        self.state = jax.block_until_ready(self.state._replace(**fresh))

@@ -3,7 +3,8 @@
 The fake forward is a one-head attention over the real cache (k/v written at each token's position,
 causal over positions <= its own), so outputs depend on each row's own history only: enough to test
 batch isolation, slot moves and sharding without the cost of a real model's compile. It describes
-itself to the step runner as a `StepModel` of the "stacked" layout without attention spans.
+itself to the step runner as a `StepModel` of the "stacked" layout without attention spans. Also: a tiny
+random Qwen2 with that tokenizer (`tiny_byte_qwen2`) and a counter of step-runner calls (`count_calls`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ from jax.sharding import PartitionSpec as P
 from jaxchat.models import StepModel
 
 SPECIALS = ["<|im_end|>", "<tool_call>", "</tool_call>"]
+
+
+def count_calls(runner, names):
+    """Count calls of the runner methods `names` (patched on the instance); returns (counts, restore)."""
+    calls = {name: 0 for name in names}
+    originals = {name: getattr(runner, name) for name in names}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    for name in names:
+        setattr(runner, name, counting(name))
+    return calls, lambda: [delattr(runner, name) for name in names]
 
 
 def tiny_byte_qwen2(path):

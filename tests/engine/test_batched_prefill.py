@@ -5,7 +5,9 @@
   arrivals while other rows decode, and output lengths (hypothesis).
 - A burst takes one batched program; padding rows of a program that starts below the arrivals' rows (running
   rows) are left as they were.
-- `StepRunner.swap` (prefix reuse swaps rows on admission and compaction) trades exactly two rows."""
+- `StepRunner.swap` (prefix reuse swaps rows on admission and compaction) trades exactly two rows.
+- A step's first tokens are handed out after its prefills, before its decode (`Scheduler.after_prefills`); a
+  request submitted while a step's prefills run is admitted before that step's decode."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from jaxchat.engine.engine import Engine
 from jaxchat.engine.types import GenerationRequest, SamplingParams
-from tests.engine.helpers import tiny_byte_qwen2
+from tests.engine.helpers import count_calls, tiny_byte_qwen2
 
 SHARED = list(range(40, 52))  # a prefix several prompts start with: rows that held it are reused
 
@@ -33,21 +35,6 @@ def engines(tmp_path_factory):
     yield batched, alone
     batched.shutdown()
     alone.shutdown()
-
-
-def count_calls(runner, names):
-    calls = {name: 0 for name in names}
-    originals = {name: getattr(runner, name) for name in names}
-
-    def counting(name):
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return originals[name](*args, **kwargs)
-        return call
-
-    for name in names:
-        setattr(runner, name, counting(name))
-    return calls, lambda: [delattr(runner, name) for name in names]
 
 
 def run_schedule(engine, requests):
@@ -151,3 +138,67 @@ def batch_axes(runner) -> list[int]:
     state = runner.state
     n_cache = len(jax.tree.leaves((state.cache_k, state.cache_v)))
     return [runner._cache_axis] * n_cache + [0, 0]
+
+
+def test_first_tokens_are_handed_out_before_the_steps_decode(engines):
+    """r0 arrives at step 0, r1 at step 3 while r0 decodes: when each step's prefills are done, the arrival's
+    first token is out and that step's decode has not run yet."""
+    batched, _ = engines
+    sched = batched.scheduler
+    outs: dict[str, list[int]] = {"r0": [], "r1": []}
+    calls, restore = count_calls(batched.runner, ("decode",))
+    seen = []
+    sched.after_prefills = lambda: seen.append((len(outs["r0"]), len(outs["r1"]), calls["decode"]))
+    try:
+        for step in range(12):
+            if step in (0, 3):
+                rid = f"r{step // 3}"
+                sched.submit(GenerationRequest([5, 6, 7, step], SamplingParams(max_tokens=6, temperature=0,
+                                                                               ignore_eos=True), request_id=rid),
+                             lambda out, rid=rid: outs[rid].extend(out.token_ids))
+            sched.step()
+    finally:
+        sched.after_prefills = None
+        restore()
+    assert not sched.has_work() and len(outs["r0"]) == len(outs["r1"]) == 6
+    # r0: its prefill's token, then one per decode of steps 0-2; r1: its prefill's token; decodes so far: 3
+    assert seen == [(1, 0, 0), (4, 1, 3)]
+
+
+def test_a_request_arriving_during_a_steps_prefill_is_admitted_before_its_decode(engines):
+    """r1 is submitted while r0's prefill runs (a burst whose first request woke the engine): the same step
+    prefills it too, hands both first tokens out, then runs one decode over both rows."""
+    batched, _ = engines
+    sched, runner = batched.scheduler, batched.runner
+    outs: dict[str, list[int]] = {"r0": [], "r1": []}
+
+    def submit(rid, last):
+        sched.submit(GenerationRequest([5, 6, 7, last], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+                                       request_id=rid), lambda out: outs[rid].extend(out.token_ids))
+
+    prefill = runner.prefill
+
+    def prefill_while_r1_arrives(*args, **kwargs):
+        out = prefill(*args, **kwargs)
+        if "r1" not in seen_submit:
+            seen_submit.append("r1")
+            submit("r1", 9)
+        return out
+
+    seen_submit: list[str] = []
+    runner.prefill = prefill_while_r1_arrives
+    calls, restore = count_calls(runner, ("decode",))
+    handed = []
+    sched.after_prefills = lambda: handed.append((len(outs["r0"]), len(outs["r1"]), calls["decode"]))
+    try:
+        submit("r0", 8)
+        sched.step()
+        assert handed == [(1, 0, 0), (1, 1, 0)]  # r0's first token out, then r1's, both before the decode
+        assert calls["decode"] == 1 and len(outs["r0"]) == len(outs["r1"]) == 2
+        while sched.has_work():
+            sched.step()
+    finally:
+        sched.after_prefills = None
+        restore()
+        del runner.prefill
+    assert len(outs["r0"]) == len(outs["r1"]) == 4

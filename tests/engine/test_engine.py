@@ -169,3 +169,34 @@ def test_async_generate_and_early_exit(engine):
 
     asyncio.run(main())
     assert engine.stats()["compiles_after_warmup"] == 0
+
+
+def test_warmup_runs_the_small_programs_once_and_leaves_no_trace():
+    """Warm-up also runs each program of at most PRIME_TOKENS tokens once (XLA:CPU's first run of a program is
+    slower than the next ones) and leaves the counts and prompt masks zero: greedy outputs, penalties
+    included, equal those of an engine whose warm-up only compiled."""
+    from jaxchat.engine.step import PRIME_TOKENS
+
+    shapes = {"max_batch": 4, "max_context": 128, "start": False, "warmup": False}
+    primed, plain = Engine(FakeModel(TOK, eos=(EOS,)), **shapes), Engine(FakeModel(TOK, eos=(EOS,)), **shapes)
+    runner, ran = primed.runner, []
+    run = runner._run
+    runner._run = lambda key, program, args: (ran.append(key), run(key, program, args))[1]
+    try:
+        runner.warmup(prime=True)
+    finally:
+        del runner._run
+    plain.runner.warmup(prime=False)
+    decodes = {key for key in runner._compiled if key[0] == "decode"}
+    prefills = {key for key in runner._compiled if key[0] == "prefill"}
+    assert decodes and decodes <= set(ran)
+    assert {key for key in prefills if key[1] <= PRIME_TOKENS} == {key for key in ran if key[0] == "prefill"}
+    assert any(key[1] > PRIME_TOKENS for key in prefills)  # a long bucket is compiled but not run
+    assert not np.asarray(runner.state.counts).any() and not np.asarray(runner.state.prompt_mask).any()
+    plan = {0: [("submit", req("a", max_tokens=9, temperature=0, repetition_penalty=1.5)),
+                ("submit", req("b", "hello there", max_tokens=7, temperature=0, frequency_penalty=1.0))],
+            2: [("submit", req("c", "hi", max_tokens=5, temperature=0, presence_penalty=1.0))]}
+    got, want = run_sync(primed, plan), run_sync(plain, plan)
+    assert {k: ids_of(v) for k, v in got.items()} == {k: ids_of(v) for k, v in want.items()}
+    primed.shutdown()
+    plain.shutdown()

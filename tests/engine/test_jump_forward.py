@@ -192,7 +192,7 @@ def test_extend_steps_run_in_the_smallest_bucket_that_fits(engines):
     assert [key for key, extend in keys if extend] == [("prefill", 4)]
 
 
-def test_small_prompt_buckets_by_default_only_on_cpu_with_jump_forward():
+def test_small_prompt_buckets_by_default_only_on_cpu_with_jump_forward_or_prefix_reuse():
     from types import SimpleNamespace
 
     from jaxchat.engine.engine import default_min_prefill_bucket
@@ -201,9 +201,13 @@ def test_small_prompt_buckets_by_default_only_on_cpu_with_jump_forward():
     tpu = SimpleNamespace(devices=np.array([SimpleNamespace(platform="tpu")] * 4))
     assert default_min_prefill_bucket(make_mesh(), jump_forward=True) == 2  # this machine's CPU devices
     assert default_min_prefill_bucket(make_mesh(), jump_forward=False) == 8
-    assert default_min_prefill_bucket(tpu, jump_forward=True) == 8
-    engine = Engine(FakeModel(TOK, eos=(EOS,)), max_batch=2, max_context=64, warmup=False, start=False)
+    assert default_min_prefill_bucket(make_mesh(), jump_forward=True, prefix_cache=True) == 1
+    assert default_min_prefill_bucket(tpu, jump_forward=True, prefix_cache=True) == 8
+    engine = Engine(FakeModel(TOK, eos=(EOS,)), max_batch=2, max_context=64, warmup=False, start=False,
+                    prefix_cache=False)
     assert engine.runner.length_buckets == (2, 4, 8, 16, 32, 64)
+    engine = Engine(FakeModel(TOK, eos=(EOS,)), max_batch=2, max_context=64, warmup=False, start=False)
+    assert engine.runner.keep_prefixes and engine.runner.length_buckets == (1, 2, 4, 8, 16, 32, 64)
 
 
 @pytest.mark.parametrize("start", [0, 3])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from jaxchat.engine.engine import Engine
 from jaxchat.engine.prefix_cache import Placement, ResidentPrefixes
 from jaxchat.engine.types import GenerationRequest, SamplingParams
-from tests.engine.helpers import FakeModel, byte_tokenizer
+from tests.engine.helpers import FakeModel, byte_tokenizer, count_calls
 
 TOK = byte_tokenizer()
 EOS = TOK.convert_tokens_to_ids("<|im_end|>")
@@ -37,6 +37,34 @@ def test_plan_reuses_the_longest_prefix_and_overwrites_the_least_valuable_row():
     p.forget(2)
     assert p.plan([5, 5, 9, 9, 9], [1, 2, 3]) == Placement(3, 3, 3)
     assert p.plan([5, 1], [3]) == Placement(3, 3, 1)  # the only idle row: taken even for a short match
+
+
+def test_rows_recorded_in_one_step_are_equally_old_and_a_repeated_prompt_takes_them_in_place():
+    p = ResidentPrefixes(4)
+    p.tick()
+    for row in range(4):  # a burst of one prompt, finished together: the prompt and an 8-token reply each
+        p.record(row, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+    p.tick()
+    # the prompt again (a short match: not the same conversation): each request takes the row it is placed in
+    for slot in range(4):
+        assert p.plan([1, 2, 3, 12], range(slot, 4)) == Placement(slot, slot, 3)
+        p.forget(slot)
+    # of equally old rows, the one the request is placed in is taken even when another holds the prefix:
+    # a copy, no swap
+    q = ResidentPrefixes(2)
+    q.tick()
+    q.record(0, [7, 7, 7, 7, 7, 7, 7, 7])
+    q.record(1, [1, 2, 3, 4, 5, 6, 7, 8])
+    q.tick()
+    assert q.plan([1, 2, 3, 12], range(2)) == Placement(0, 1, 3)
+    # rows of different steps: the least recently used one is taken (LRU, as before)
+    r = ResidentPrefixes(3)
+    for row in (2, 0, 1):
+        r.tick()
+        r.record(row, [1, 2, 3, 4, 5, 6, 7, 8])
+    r.tick()
+    assert r.plan([1, 2, 3, 12], range(3)) == Placement(2, 2, 3)
+    assert r.plan([9, 9], range(2)) == Placement(0, -1, 0)
 
 
 @pytest.fixture(scope="module")
@@ -174,3 +202,30 @@ def test_chat_usage_reports_cached_tokens_and_metrics_count_them():
 
 def msg_function(completion: dict) -> dict:
     return completion["choices"][0]["message"]["tool_calls"][0]["function"]
+
+
+def test_a_burst_repeating_the_prompt_of_the_burst_before_takes_its_rows_without_copies(engines):
+    """Two requests of one short prompt run together and finish in the same step; the same two again each
+    reuse all but the last prompt token from the row they are placed in: no swap, no copy, the same replies."""
+    on, _ = engines
+    sched = on.scheduler
+    prompt = TOK.encode("hi there")
+
+    def burst():
+        got = {i: [] for i in range(2)}
+        for i in range(2):
+            s = SamplingParams(max_tokens=3 * len(prompt), ignore_eos=True)  # the reply outweighs the prompt
+            sched.submit(GenerationRequest(list(prompt), s, None, f"burst.{i}"), got[i].append)
+        while sched.has_work():
+            sched.step()
+        return ([[t for o in got[i] for t in o.token_ids] for i in range(2)],
+                [got[i][-1].num_cached_tokens for i in range(2)])
+
+    first, _ = burst()
+    calls, restore = count_calls(on.runner, ("swap", "move"))
+    try:
+        again, cached = burst()
+    finally:
+        restore()
+    assert again == first and cached == [len(prompt) - 1] * 2
+    assert calls == {"swap": 0, "move": 0}
