@@ -42,6 +42,8 @@ from bench.serve import MESSAGES, drive, free_port, start_server, stop_server, w
 
 def engine_rates(args) -> dict:
     """Decode aggregate at batch 16, and the step times of decode alone vs decode + a full prompt chunk."""
+    import jax
+
     from jaxchat.assets import DEFAULT_MODEL, asset_path
     from jaxchat.engine.compile_cache import enable_compile_cache
     from jaxchat.engine.engine import Engine
@@ -82,7 +84,7 @@ def engine_rates(args) -> dict:
         n = len(prompt)
         t_one_token = timed(lambda: r.prefill(b - 1, prompt, mask[:1], SamplingArrays.numpy(1), start=n - 1))
         t_rows = timed(lambda: r.prefill_rows(0, [(prompt, n - 1, n)] * b, mask, sp)) if r.prefill_batches else None
-        t_swap = timed(lambda: r.swap(0, b - 1)) if r.keep_prefixes else None
+        t_swap = timed(lambda: jax.block_until_ready(r.swap(0, b - 1) or r.state)) if r.keep_prefixes else None
     finally:
         engine.shutdown()
     return {"prompt_tokens": len(prompt), "decode_aggregate": decode, "step_decode_s": t_decode,

@@ -6,7 +6,8 @@ OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--c
 `--no-compile-cache`; the step programs are also serialized whole under its `executables/` folder) so the
 next start of the same model and shapes neither traces nor compiles them, and reusing the K/V of a
 prompt's prefix that an idle slot still holds (`--no-prefix-cache` turns that off) and appending text the
-grammar forces without sampling it (`--no-jump-forward` turns that off); `jaxchat chat` is a terminal chat against a model or a server URL;
+grammar forces without sampling it (`--no-jump-forward` turns that off); an idle server gathers a burst of
+requests for up to `--burst-window-ms` (30) before prefilling them together; `jaxchat chat` is a terminal chat against a model or a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint.
 Multi-host: `jaxchat serve --coordinator HOST:PORT --num-processes N --process-id I` (or no such flag on a
 TPU pod slice) is run once per process with the same other flags; they join one JAX runtime
@@ -59,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-batched-prefill", action="store_true",
                        help="prefill each arrival in a program of its own (default: arrivals admitted together "
                             "whose prompts are short, e.g. turns whose prefix the cache holds, share one program)")
+    serve.add_argument("--burst-window-ms", type=float, default=None, metavar="MS",
+                       help="an idle server woken by a request waits while more arrive (each within 3 ms of the "
+                            "last), at most MS ms, to prefill a burst together (default 30; 0: admit at once)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -106,6 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"jaxchat: error: {exc}") from None
     from jaxchat.engine.compile_cache import disable_compile_cache, enable_compile_cache
+    from jaxchat.engine.engine import BURST_GAP_S
 
     executables = None
     if args.no_compile_cache:
@@ -118,6 +123,9 @@ def _serve(args: argparse.Namespace) -> int:
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
                        jump_forward=not args.no_jump_forward, prefill_chunk=args.prefill_chunk,
                        prefill_batches=() if args.no_batched_prefill else None)
+    if args.burst_window_ms is not None:
+        engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
+                           else min(BURST_GAP_S, args.burst_window_ms / 1000))
     if rank is not None and rank > 0:
         return _follow(args.model, rank, engine_args)
     service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
@@ -229,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     _positive(args, "max_batch", "max_context", "port")
     if (getattr(args, "prefill_chunk", None) or 0) < 0:
         raise SystemExit("jaxchat: error: --prefill-chunk must be 0 (off) or positive")
+    if (getattr(args, "burst_window_ms", None) or 0) < 0:
+        raise SystemExit("jaxchat: error: --burst-window-ms must be 0 (off) or positive")
     if args.command == "serve":
         return _serve(args)
     if args.command == "convert":

@@ -27,6 +27,11 @@ Contract:
 - `prefill_batches`: arrivals admitted in the same step whose prompts (what prefix reuse leaves of them) are
   short are prefilled together, up to that many per program (`StepRunner.prefill_rows`; None: 4 and 16, `()`
   prefills each alone), for the same models as mixed steps. Greedy outputs are those of separate prefills.
+- Bursts: an idle engine woken by a request waits while more keep arriving, each within `burst_gap_s`
+  (3 ms) of the one before, for at most `burst_window_s` (30 ms), then admits them in one step: a burst of
+  parallel requests (a closed loop's next wave, an agent's fan-out) takes one batched prefill, not its first
+  request alone and the rest a prefill later. A lone request waits one gap. Only with batched prefills;
+  `burst_gap_s=0` turns it off.
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: on CPU, where a
   short run costs less in a small bucket, 1 with prefix reuse and 2 with jump-forward; else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
@@ -71,6 +76,9 @@ CLUSTER_LOST_HOLD_S = 2.0
 
 
 DEFAULT_PREFILL_CHUNK = 64
+# an idle engine woken by a request waits while more arrive, each within this gap, for at most the window
+BURST_GAP_S = 0.003
+BURST_WINDOW_S = 0.03
 
 
 def default_min_prefill_bucket(mesh: jax.sharding.Mesh, jump_forward: bool, prefix_cache: bool = False) -> int:
@@ -116,8 +124,11 @@ class Engine:
         prefill_batches: Sequence[int] | None = None,
         warmup: bool = True,
         start: bool = True,
+        burst_gap_s: float = BURST_GAP_S,
+        burst_window_s: float = BURST_WINDOW_S,
     ) -> None:
         self.model = model
+        self.burst_gap_s, self.burst_window_s = burst_gap_s, burst_window_s
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
         self.mesh = mesh if mesh is not None else (getattr(model, "mesh", None) or make_mesh())
@@ -218,8 +229,11 @@ class Engine:
         sched = self.scheduler
         while True:
             with self._cv:
+                idle = not sched.has_work()
                 while not self._stopped and not sched.has_work():
                     self._cv.wait(timeout=0.5)
+                if idle and self.burst_gap_s > 0 and self.runner.prefill_batches:
+                    self._gather_burst()
                 if self._stopped:
                     break
             try:
@@ -238,6 +252,19 @@ class Engine:
             self._mailbox.flush()
         sched.fail_all("engine shut down")
         self._mailbox.flush()
+
+    def _gather_burst(self) -> None:
+        """Woken from idle by an arrival: wait while more keep arriving (each within `burst_gap_s` of the
+        last, for at most `burst_window_s` in all), so a burst is admitted in one step and prefilled in one
+        batched program instead of its first request alone and the rest a prefill later. Holds `_cv`."""
+        deadline = time.monotonic() + self.burst_window_s
+        seen = self.scheduler.arrivals()
+        while not self._stopped and (left := deadline - time.monotonic()) > 0:
+            self._cv.wait(timeout=min(self.burst_gap_s, left))
+            now = self.scheduler.arrivals()
+            if now == seen:
+                return
+            seen = now
 
     # ---- requests -------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, callback: Callable[[GenerationOutput], None]) -> str:

@@ -126,6 +126,11 @@ class Scheduler:
         with self._lock:
             self._aborts.append(request_id)
 
+    def arrivals(self) -> int:
+        """How many submitted requests have not reached the waiting queue yet (thread-safe)."""
+        with self._lock:
+            return len(self._inbox)
+
     def has_work(self) -> bool:
         return bool(self.n_active or self.waiting or self._inbox or self._aborts)
 

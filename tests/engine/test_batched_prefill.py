@@ -7,7 +7,8 @@
   rows) are left as they were.
 - `StepRunner.swap` (prefix reuse swaps rows on admission and compaction) trades exactly two rows.
 - A step's first tokens are handed out after its prefills, before its decode (`Scheduler.after_prefills`); a
-  request submitted while a step's prefills run is admitted before that step's decode."""
+  request submitted while a step's prefills run is admitted before that step's decode; an idle engine woken
+  by a request waits for the rest of a burst and prefills it in one program."""
 
 from __future__ import annotations
 
@@ -24,9 +25,13 @@ SHARED = list(range(40, 52))  # a prefix several prompts start with: rows that h
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def model(tmp_path_factory):
+    return tiny_byte_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="module")
+def engines(model):
     """A tiny Qwen2 twice: batched prefills of up to 2 and 4 prompts, and every prompt prefilled alone."""
-    model = tiny_byte_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
     shapes = {"max_batch": 4, "max_context": 128, "length_buckets": (8, 16, 32, 128), "warmup": False,
               "start": False, "prefill_chunk": 0}
     batched = Engine(model, **shapes, prefill_batches=(2, 4))
@@ -202,3 +207,33 @@ def test_a_request_arriving_during_a_steps_prefill_is_admitted_before_its_decode
         restore()
         del runner.prefill
     assert len(outs["r0"]) == len(outs["r1"]) == 4
+
+
+def test_an_idle_engine_gathers_a_burst_into_one_batched_prefill(model):
+    """Three requests submitted 20 ms apart to an idle running engine (a 200 ms gap allowed between arrivals):
+    one batched prefill takes all three, none is prefilled alone."""
+    import threading
+    import time
+
+    engine = Engine(model, max_batch=4, max_context=128, length_buckets=(8, 16, 32, 128), warmup=False,
+                    prefill_chunk=0, prefill_batches=(4,), burst_gap_s=0.2, burst_window_s=2.0)
+    calls, restore = count_calls(engine.runner, ("prefill", "prefill_rows"))
+    finished: list[str] = []
+    all_done = threading.Event()
+
+    def on_output(out):
+        if out.finished:
+            finished.append(out.request_id)
+            if len(finished) == 3:
+                all_done.set()
+
+    try:
+        for i in range(3):
+            engine.submit(GenerationRequest([5, 6, 7, i], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True),
+                                            request_id=f"r{i}"), on_output)
+            time.sleep(0.02)
+        assert all_done.wait(timeout=120)
+    finally:
+        engine.shutdown()
+        restore()
+    assert calls == {"prefill": 0, "prefill_rows": 1}
