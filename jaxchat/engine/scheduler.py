@@ -136,9 +136,8 @@ class Scheduler:
 
     # ---- the loop body ---------------------------------------------------------------------------
     def step(self) -> None:
+        self._take_inbox()
         with self._lock:
-            self.waiting.extend(self._inbox)
-            self._inbox.clear()
             aborts = set(self._aborts)
             self._aborts.clear()
         if self.prefixes is not None:
@@ -240,9 +239,7 @@ class Scheduler:
 
     def fail_all(self, message: str) -> None:
         """End every running and waiting request with an error (a device step itself failed)."""
-        with self._lock:
-            self.waiting.extend(self._inbox)
-            self._inbox.clear()
+        self._take_inbox()
         for seq in [s for s in self.slots[: self.n_active] if s is not None] + list(self.waiting):
             self._finish(seq, "error", error=message)
         self.waiting.clear()
