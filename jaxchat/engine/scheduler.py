@@ -15,10 +15,13 @@ Contract:
   whose first arrival woke an idle engine is not split by a decode step); each round admits up to
   `max_prefills_per_step` prompts that need a program of their own.
 - Mixed steps (`runner.prefill_chunk` > 0): a request admitted while other rows decode is not prefilled in a
-  program of its own. Its prompt (and the forced text after it) is run `prefill_chunk` tokens at a time, one
-  chunk per step, inside the decode step of the running rows (`runner.mixed`), oldest arrival first; the
-  token sampled after its last chunk is its first output. Running rows never stall for an arrival. With no
-  row decoding, a fresh arrival is prefilled whole as before (`mixed_steps` counts the mixed steps).
+  program of its own. Its prompt (and the forced text after it) is run in chunks inside the decode steps of the
+  running rows (`runner.mixed`), several arrivals' chunks in one step: each step carries the chunking rows of a
+  window of K consecutive rows that holds the oldest arrival, with a chunk length C (K * C within the per-step
+  token budget, `runner.mixed_shapes`), choosing the shape that ends the most prompts, then runs the most
+  tokens, then costs the fewest. The token sampled after a row's last chunk is its first output. Running rows
+  never stall for an arrival, and a burst of arrivals is not staggered one per step. With no row decoding,
+  fresh arrivals are prefilled whole as before (`mixed_steps` counts the mixed steps).
 - Per row: its own constraint (None = all-ones mask, no host work), sampling parameters and stop
   conditions (eos ids unless `ignore_eos`, `stop_token_ids`, stop strings, `max_tokens`,
   `constraint.is_terminated()`, the context filling up -> "length").  A stop token's text is not emitted.
@@ -151,17 +154,15 @@ class Scheduler:
             # a burst's later arrivals, come in while those prompts ran, are prefilled before the decode too
             if self._take_inbox() and self._admit_waiting():
                 self._hand_out()
-        while self._chunking and self._chunking[0].finished:
-            self._chunking.popleft()
-        decoding = self._any_decoding()
+        if any(seq.finished for seq in self._chunking):
+            self._chunking = collections.deque(seq for seq in self._chunking if not seq.finished)
+        if self._chunking and not self._any_decoding():  # nothing to ride with: fresh prompts prefill whole
+            fresh = [seq for seq in self._chunking if seq.chunk_fresh]
+            self._chunking = collections.deque(seq for seq in self._chunking if not seq.chunk_fresh)
+            self._prefill_jobs([(seq, seq.chunks, seq.chunk_from) for seq in fresh])
         if self._chunking:
-            seq = self._chunking[0]
-            if not decoding and seq.chunk_fresh:  # nothing to ride with: the whole prompt in one prefill
-                self._chunking.popleft()
-                self._prefill(seq, seq.chunks, seq.chunk_from)
-            else:
-                self._mixed(seq)
-        elif decoding:
+            self._mixed()
+        elif self._any_decoding():
             self._decode()
         self.steps += 1
 
@@ -193,17 +194,22 @@ class Scheduler:
             if job is not None:
                 jobs.append(job)
                 alone += r.rows_bucket(1, len(job[1]) - job[2]) is None
-        if not r.prefill_batches:
+        self._prefill_jobs(jobs)
+        return bool(jobs)
+
+    def _prefill_jobs(self, jobs: list[tuple[_Seq, list[int], int]]) -> None:
+        """Prefill admitted prompts (seq, tokens, start): in batched programs where consecutive rows' prompts
+        share one (`StepRunner.prefill_rows`), each alone otherwise."""
+        if not self.runner.prefill_batches:
             for seq, tokens, start in jobs:
                 self._prefill(seq, tokens, start)
-            return bool(jobs)
+            return
         for group in self._row_groups(jobs):
             if len(group) == 1:
                 self._prefill(*group[0], compact=False)
             else:
                 self._prefill_group(group)
         self._compact()
-        return bool(jobs)
 
     def _row_groups(self, jobs: list[tuple[_Seq, list[int], int]]) -> list[list[tuple[_Seq, list[int], int]]]:
         """The admitted prompts in runs of consecutive rows that one batched prefill program takes."""
@@ -360,29 +366,48 @@ class Scheduler:
                 seq.written = int(self.positions[i]) + 1
                 self._on_token(seq, out, i)
 
-    def _mixed(self, seq: _Seq) -> None:
-        """One mixed step: the running rows' decode tokens and `seq`'s next prompt chunk; after its last chunk
-        the row takes its first sampled token and decodes from the next step on."""
-        r, slot = self.runner, seq.slot
+    def _mixed_plan(self) -> tuple[list[_Seq], tuple[int, int]]:
+        """The chunking rows the next mixed step carries and its chunk shape (K, C) (see the module docstring)."""
+        r, oldest = self.runner, self._chunking[0]
+        best: tuple[tuple, list[_Seq], tuple[int, int]] | None = None
+        for k, lengths in r.mixed_shapes.items():
+            for lo in range(max(0, oldest.slot - k + 1), min(oldest.slot, r.max_batch - k) + 1):
+                members = [seq for seq in self._chunking if lo <= seq.slot < lo + k]
+                left = [len(seq.chunks) - seq.chunk_from for seq in members]
+                for c in lengths:
+                    score = (sum(n <= c for n in left), sum(min(n, c) for n in left), -k * c)
+                    if best is None or score > best[0]:
+                        best = (score, members, (k, c))
+        return best[1], best[2]
+
+    def _mixed(self) -> None:
+        """One mixed step: the running rows' decode tokens and the next prompt chunk of each chunking row
+        `_mixed_plan` picks; after its last chunk a row takes its first sampled token and decodes from the next
+        step on."""
+        r = self.runner
+        group, shape = self._mixed_plan()
         b = bucket_for(self.n_active, r.mixed_buckets)
-        start = seq.chunk_from
-        chunk = seq.chunks[start : start + r.prefill_chunk]
-        final = start + len(chunk) == len(seq.chunks)
-        sp = SamplingArrays(*(np.concatenate([a[:b], a[slot : slot + 1]]) for a in self.sp))
-        mask = np.concatenate([self.bitmask[:b], self.bitmask[slot : slot + 1]])
+        rows = []
+        for seq in group:
+            start, n = seq.chunk_from, len(seq.req.prompt_ids)
+            chunk = seq.chunks[start : start + shape[1]]
+            rows.append((seq.slot, chunk, start, seq.req.prompt_ids if seq.chunk_fresh else None, n,
+                         start + len(chunk) == len(seq.chunks)))
+        slots = [seq.slot for seq in group]
+        sp = SamplingArrays(*(np.concatenate([a[:b], a[slots]]) for a in self.sp))
+        mask = np.concatenate([self.bitmask[:b], self.bitmask[slots]])
         ran = self.positions[:b] >= 0
-        out = r.mixed(self.tokens[:b], self.positions[:b], slot, chunk, start, mask, sp,
-                      prompt=seq.req.prompt_ids if seq.chunk_fresh else None, count_from=len(seq.req.prompt_ids),
-                      final=final)
+        out = r.mixed(self.tokens[:b], self.positions[:b], rows, mask, sp, shape)
         self.mixed_steps += 1
-        seq.chunk_fresh, seq.chunk_from = False, start + len(chunk)
-        seq.written = seq.chunk_from
         self._take_decoded(out, ran)
-        if final:
-            self._chunking.popleft()
-            seq.chunks = None
-            if not seq.finished:
-                self._on_token(seq, out, b)
+        for i, (seq, (_, chunk, start, _, _, final)) in enumerate(zip(group, rows, strict=True)):
+            seq.chunk_fresh, seq.chunk_from = False, start + len(chunk)
+            seq.written = seq.chunk_from
+            if final:
+                self._chunking.remove(seq)
+                seq.chunks = None
+                if not seq.finished:
+                    self._on_token(seq, out, b + i)
         self._compact()
 
     # ---- per-token host work (one active row) -----------------------------------------------------

@@ -37,14 +37,18 @@ Contract:
   row compute the logits from a vocab-major copy of the lm head (kept next to the params under
   "head_vd"): XLA:CPU's GEMM runs [V, d] . x^T ~1.5x faster than x . [d, V] at 16 rows, while one row is
   faster the other way. It costs one more copy of the head in memory.
-- Mixed steps (`prefill_chunk` C > 0 and `StepModel.mixed_steps`): `mixed(tokens[b], positions[b], chunk, slot,
-  start, bitmask[b + 1, W], sampling[b + 1], ...)` runs one decode token for each of rows 0..b-1 and up to C
-  prompt tokens into row `slot` (positions start..) in ONE forward (`StepModel.forward(mixed=(b, 1, C))`:
-  the weights are read once for both), then samples all b + 1 rows through the same masked sampler (the
-  last row: the token after the chunk, used only when it ends the prompt, `final`). The chunk row keeps
-  position -1 among the decode rows. `fresh` (its first chunk) resets the row's counts and sets its prompt
-  mask, as prefill does. Its decode part has a batch bucket of `mixed_buckets` (the largest batch bucket,
-  and from 16 on the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket.
+- Mixed steps (`prefill_chunk` T > 0 and `StepModel.mixed_steps`): `mixed(tokens[b], positions[b], rows,
+  bitmask[b + k, W], sampling[b + k], shape)` runs one decode token for each of rows 0..b-1 and a prompt chunk
+  for each of k rows (rows[i] = (slot, chunk, start, prompt or None, count_from, final)) in ONE forward
+  (`StepModel.forward(mixed=(b, K, C))`: the weights are read once for all of them), then samples every row
+  through the same masked sampler (a chunk row's sample is the token after its chunk, used only when the chunk
+  ends its prompt, `final`). The chunk rows lie within K consecutive cache rows and keep position -1 among
+  the decode rows; the other rows of those K run padding (nothing written, counts and prompt masks kept).
+  A chunk row given its `prompt` (its first chunk) has its counts reset and its prompt mask set, as prefill
+  does. Shapes: the decode part has a batch bucket of `mixed_buckets` (the largest batch bucket, and from 16
+  on the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket; the chunk part
+  one of `mixed_shapes` (K rows -> chunk lengths C, K * C <= T: the per-step token budget), 1 row and the
+  `prefill_batches` row buckets, each with C = T / K and its quarters down to 1 token.
 - Batched prefills (`prefill_batches`, for models whose forward runs mixed steps: positional caches, every
   row on its own): `prefill_rows(slot, rows, bitmask[k, W], sampling[k])` prefills k prompts (rows[i] =
   (tokens, start, prompt_len), as `prefill` takes them) into rows slot..slot+k-1 in ONE program of
@@ -107,6 +111,24 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
         if n <= b:
             return b
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def mixed_shapes(budget: int, row_buckets: Sequence[int], max_batch: int) -> dict[int, tuple[int, ...]]:
+    """The chunk part's shapes of mixed steps: K rows -> chunk lengths C (largest first), K * C <= `budget`
+    tokens. K is 1 and each of `row_buckets` up to max_batch and the budget; C is budget // K and its quarters
+    down to 1 (a burst of one-token continuations, after prefix reuse, takes [K x 1])."""
+    if budget <= 0:
+        return {}
+    rows = sorted({1} | {min(int(k), max_batch) for k in row_buckets if 0 < int(k)})
+    shapes = {}
+    for k in rows:
+        c, lengths = budget // k, []
+        while c >= 1:
+            lengths.append(c)
+            c //= 4
+        if lengths:
+            shapes[k] = tuple(lengths)
+    return shapes
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -208,6 +230,7 @@ class StepRunner:
         # the largest batch bucket, and from 16 rows on the one a quarter of it: few programs, a few idle rows
         quarter = top // 4 if top >= 16 and top // 4 in self.batch_buckets else top
         self.mixed_buckets = tuple(sorted({quarter, top})) if self.prefill_chunk else ()
+        self.mixed_shapes = mixed_shapes(self.prefill_chunk, prefill_batches, max_batch)
         # several arrivals' prompts in one program: row buckets, each with the length buckets its token budget allows
         batches = sorted({min(int(k), max_batch) for k in prefill_batches} - {0, 1}) if model.mixed_steps else []
         self.prefill_lengths = {kb: lengths for kb in batches if (lengths := tuple(
@@ -253,7 +276,7 @@ class StepRunner:
             span: jax.jit(
                 functools.partial(self._mixed_impl, span=None if span == self.max_context else span),
                 donate_argnums=(1,),
-                in_shardings=(param_sh, state_sh) + (rep,) * 12,
+                in_shardings=(param_sh, state_sh) + (rep,) * 13,
                 out_shardings=(state_sh, rep),
             )
             for span in (self.span_buckets if self.prefill_chunk else ())
@@ -284,32 +307,40 @@ class StepRunner:
         return decode_step(params, state, tokens, positions, bitmask, sp, forward=self._forward,
                            valid_vocab=self.valid_vocab, max_batch=self.max_batch, span=span)
 
-    def _mixed_impl(self, params, state: DecodeState, tokens, positions, chunk, chunk_positions, slot, length,
-                    fresh, pmask, count_from, final, bitmask, sp: SamplingArrays, span=None):
-        # One forward over [b decode tokens | C chunk tokens] (`attend_cached` splits attention by row), logits
-        # at each decode token and the chunk's last; then the counts and prompt mask as decode and prefill keep
-        # them: decode rows count their sampled token, the chunk row (reset when `fresh`) its counted tokens and,
-        # when the chunk ends the prompt (`final`), its sampled token.
-        b, c = tokens.shape[0], chunk.shape[1]
+    def _mixed_impl(self, params, state: DecodeState, tokens, positions, chunk, chunk_positions, offset, lengths,
+                    valid, fresh, pmask, count_from, final, bitmask, sp: SamplingArrays, span=None):
+        # One forward over [b decode tokens | K chunks of C] (`attend_cached` splits attention by row), logits at
+        # each decode token and each chunk's last; then the counts and prompt masks as decode and prefill keep
+        # them: decode rows count their sampled token; a chunk row (reset when `fresh`) its counted tokens and,
+        # when the chunk ends its prompt (`final`), its sampled token; rows of the K that are not `valid` keep theirs.
+        b, (k, c) = tokens.shape[0], chunk.shape
         params, head_vd = split_vocab_major_head(params)
         extra = {} if span is None else {"attend_len": span}
         if head_vd is not None:
             extra["head_vd"] = head_vd
-        index = jnp.concatenate([jnp.arange(b, dtype=jnp.int32), jnp.reshape(b + length - 1, (1,))])
-        logits, ck, cv = self._forward(params, jnp.concatenate([tokens, chunk[0]])[None],
-                                       jnp.concatenate([positions, chunk_positions[0]])[None], state.cache_k,
-                                       state.cache_v, row_offset=slot, logits_index=index[None], mixed=(b, 1, c),
+        ends = b + jnp.arange(k, dtype=jnp.int32) * c + jnp.maximum(lengths, 1) - 1
+        index = jnp.concatenate([jnp.arange(b, dtype=jnp.int32), ends])
+        logits, ck, cv = self._forward(params, jnp.concatenate([tokens, chunk.reshape(-1)])[None],
+                                       jnp.concatenate([positions, chunk_positions.reshape(-1)])[None], state.cache_k,
+                                       state.cache_v, row_offset=offset, logits_index=index[None], mixed=(b, k, c),
                                        **extra)
-        row_counts = jnp.where(fresh, 0, jax.lax.dynamic_slice_in_dim(state.counts, slot, 1, axis=0))
-        counted = (chunk_positions[0] >= count_from) & (jnp.arange(c) < length)
-        row_counts = row_counts.at[0, chunk[0]].add(counted.astype(jnp.int32))
-        row_pmask = jnp.where(fresh, pmask, jax.lax.dynamic_slice_in_dim(state.prompt_mask, slot, 1, axis=0))
-        out = sample(logits[0], bitmask, jnp.concatenate([state.counts[:b], row_counts]),
+        decoded = state.counts[:b]  # the decode rows' penalties see the counts before this step
+        held_counts = jax.lax.dynamic_slice_in_dim(state.counts, offset, k, axis=0)
+        held_pmask = jax.lax.dynamic_slice_in_dim(state.prompt_mask, offset, k, axis=0)
+        counted = (chunk_positions >= count_from[:, None]) & (jnp.arange(c)[None, :] < lengths[:, None])
+        rows = jnp.arange(k)
+        row_counts = jnp.where(fresh[:, None], 0, held_counts).at[rows[:, None], chunk].add(counted.astype(jnp.int32))
+        row_pmask = jnp.where(fresh[:, None], pmask, held_pmask)
+        out = sample(logits[0], bitmask, jnp.concatenate([decoded, row_counts]),
                      jnp.concatenate([state.prompt_mask[:b], row_pmask]), sp, self.valid_vocab)
-        decoded = state.counts[:b].at[jnp.arange(b), out.tokens[:b]].add((positions >= 0).astype(jnp.int32))
+        decoded = decoded.at[jnp.arange(b), out.tokens[:b]].add((positions >= 0).astype(jnp.int32))
         counts = jax.lax.dynamic_update_slice_in_dim(state.counts, decoded, 0, axis=0)
-        row_counts = row_counts.at[0, out.tokens[b]].add(final.astype(jnp.int32))
-        return with_rows(state._replace(counts=counts), ck, cv, row_counts, row_pmask, slot), out
+        row_counts = row_counts.at[rows, out.tokens[b:]].add(final.astype(jnp.int32))
+        keep = valid[:, None]
+        # the K rows after the decode rows' update: a padding row may be a decoding row (it counted its token)
+        held_counts = jax.lax.dynamic_slice_in_dim(counts, offset, k, axis=0)
+        return with_rows(state._replace(counts=counts), ck, cv, jnp.where(keep, row_counts, held_counts),
+                         jnp.where(keep, row_pmask, held_pmask), offset), out
 
     def _prefill_impl(self, params, state: DecodeState, slot, tokens, positions, length, pmask, bitmask, sp,
                       count_from, extend):
@@ -417,21 +448,55 @@ class StepRunner:
                                                np.int32(n), pmask, bitmask, sp, np.int32(count_from),
                                                np.bool_(extend))
 
-    def _mixed_call(self, tokens: np.ndarray, positions: np.ndarray, slot: int, chunk: Sequence[int], start: int,
-                    bitmask: np.ndarray, sp: SamplingArrays, pmask: np.ndarray, fresh: bool, count_from: int,
-                    final: bool):
-        n, c = len(chunk), self.prefill_chunk
-        if not 0 < n <= c or start < 0 or start + n > self.max_context or not 0 <= slot < self.max_batch:
-            raise ValueError(f"a chunk of {n} tokens from position {start} into row {slot} does not fit 1..{c} "
-                             f"tokens within the context of {self.max_context}")
-        padded = np.zeros((1, c), np.int32)
-        padded[0, :n] = chunk
-        chunk_positions = np.full((1, c), -1, np.int32)
-        chunk_positions[0, :n] = np.arange(start, start + n, dtype=np.int32)
-        span = bucket_for(max(int(np.max(positions, initial=0)), start + n - 1) + 1, self.span_buckets)
-        return ("mixed", span, len(tokens), c), self._mixeds[span], (
-            self.params, self.state, tokens, positions, padded, chunk_positions, np.int32(slot), np.int32(n),
-            np.bool_(fresh), pmask, np.int32(count_from), np.bool_(final), bitmask, sp)
+    def mixed_shape(self, rows: int, longest: int) -> tuple[int, int] | None:
+        """(K, C): the smallest chunk part of `mixed_shapes` spanning `rows` cache rows whose chunk length
+        covers `longest` tokens (or the longest it has), or None when no K spans them."""
+        for k, lengths in self.mixed_shapes.items():
+            if rows <= k:
+                return k, next((c for c in reversed(lengths) if longest <= c), lengths[0])
+        return None
+
+    def _mixed_call(self, tokens: np.ndarray, positions: np.ndarray,
+                    rows: Sequence[tuple[int, Sequence[int], int, Sequence[int] | None, int, bool]],
+                    bitmask: np.ndarray, sp: SamplingArrays, shape: tuple[int, int] | None = None):
+        slots = [row[0] for row in rows]
+        lo, hi = min(slots, default=0), max(slots, default=-1)
+        shape = shape or self.mixed_shape(hi - lo + 1, max((len(row[1]) for row in rows), default=0))
+        if (not rows or shape is None or shape[0] not in self.mixed_shapes or shape[1] not in self.mixed_shapes[shape[0]]
+                or len(set(slots)) != len(slots) or lo < 0 or hi >= self.max_batch):
+            raise ValueError(f"chunks into rows {slots} fit no mixed step shape ({self.mixed_shapes})")
+        k, c = shape
+        offset = min(lo, self.max_batch - k)  # the chunk part's first row: its rows stay inside the cache
+        b = len(tokens)
+        padded = np.zeros((k, c), np.int32)
+        chunk_positions = np.full((k, c), -1, np.int32)
+        lengths, count_from = np.ones(k, np.int32), np.zeros(k, np.int32)
+        valid, fresh, final = np.zeros(k, np.bool_), np.zeros(k, np.bool_), np.zeros(k, np.bool_)
+        pmask = np.zeros((k, self.vocab_size), np.bool_)
+        masks = np.full((b + k, self.mask_words), -1, np.int32)  # padding rows sample anything (ignored)
+        masks[:b] = bitmask[:b]
+        sps = SamplingArrays.numpy(b + k)
+        for full, part in zip(sps, sp, strict=True):
+            full[:b] = part[:b]
+        order = []
+        for i, (slot, chunk, start, prompt, counted_from, ends) in enumerate(rows):
+            n, r = len(chunk), slot - offset
+            if not 0 < n <= c or r >= k or start < 0 or start + n > self.max_context:
+                raise ValueError(f"a chunk of {n} tokens from position {start} into row {slot} does not fit "
+                                 f"[{k} x {c}] tokens from row {offset} within the context of {self.max_context}")
+            padded[r, :n] = chunk
+            chunk_positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
+            lengths[r], valid[r], fresh[r], final[r], count_from[r] = n, True, prompt is not None, ends, counted_from
+            if prompt is not None:
+                pmask[r] = self._prompt_mask(prompt)[0]
+            masks[b + r] = bitmask[b + i]
+            for full, part in zip(sps, sp, strict=True):
+                full[b + r] = part[b + i]
+            order.append(b + r)
+        span = bucket_for(max(int(np.max(positions, initial=0)), int(chunk_positions.max())) + 1, self.span_buckets)
+        return ("mixed", span, b, k, c), self._mixeds[span], (
+            self.params, self.state, tokens, positions, padded, chunk_positions, np.int32(offset), lengths, valid,
+            fresh, pmask, count_from, final, masks, sps), np.array([*range(b), *order])
 
     def rows_bucket(self, count: int, longest: int) -> tuple[int, int] | None:
         """(kb, t): the batched prefill program for `count` prompts whose longest run is `longest` tokens, or
@@ -499,18 +564,19 @@ class StepRunner:
         pmask = np.zeros((1, self.vocab_size), np.bool_)  # unused: the row keeps its own
         return self._run(*self._chunk_call(slot, tokens, start, bitmask, sp, pmask, start + 1, extend=True))
 
-    def mixed(self, tokens: np.ndarray, positions: np.ndarray, slot: int, chunk: Sequence[int], start: int,
-              bitmask: np.ndarray, sp: SamplingArrays, prompt: Sequence[int] | None = None, count_from: int = 0,
-              final: bool = True) -> SampleOut:
+    def mixed(self, tokens: np.ndarray, positions: np.ndarray,
+              rows: Sequence[tuple[int, Sequence[int], int, Sequence[int] | None, int, bool]], bitmask: np.ndarray,
+              sp: SamplingArrays, shape: tuple[int, int] | None = None) -> SampleOut:
         """One mixed step: a decode token for each of rows 0..len(tokens)-1 (a `mixed_buckets` bucket; position
-        -1: idle, as the chunk's row is) and `chunk` (at most `prefill_chunk` tokens) into row `slot` at
-        positions start..; outputs for len(tokens) + 1 rows, the chunk row's last. `prompt` (its first chunk
-        only): the row's counts restart and its prompt mask becomes these tokens (else both are kept); chunk
-        tokens at positions >= count_from are counted as outputs (forced text); `final`: the chunk ends the
-        prompt, so its sampled token is counted."""
-        pmask = self._prompt_mask(prompt if prompt is not None else ())
-        return self._run(*self._mixed_call(tokens, positions, slot, chunk, start, bitmask, sp, pmask,
-                                           prompt is not None, count_from, final))
+        -1: idle, as chunk rows are) and a prompt chunk for each of `rows`: (slot, chunk, start, prompt,
+        count_from, final), the chunk's tokens run at positions start..; `prompt` (its first chunk only): the
+        row's counts restart and its prompt mask becomes these tokens (else both are kept); chunk tokens at
+        positions >= count_from are counted as outputs (forced text); `final`: the chunk ends the prompt, so its
+        sampled token is counted. `shape` (K, C) is one of `mixed_shapes` (default: `mixed_shape`'s). bitmask
+        and sp have len(tokens) + len(rows) rows; so do the outputs, the decode rows' first."""
+        key, program, args, order = self._mixed_call(tokens, positions, rows, bitmask, sp, shape)
+        out = self._run(key, program, args)
+        return SampleOut(*(x[order] for x in out))
 
     def prefill_rows(self, slot: int, rows: Sequence[tuple[Sequence[int], int, int]], bitmask: np.ndarray,
                      sp: SamplingArrays) -> SampleOut:
@@ -547,12 +613,14 @@ class StepRunner:
                 positions[0] = span - 1
                 makers.append((b, functools.partial(self._decode_call, np.zeros(b, np.int32), positions, mask, sp)))
         for b in self.mixed_buckets:
-            sp, mask = SamplingArrays.numpy(b + 1), np.zeros((b + 1, self.mask_words), np.int32)
-            pmask = np.zeros((1, self.vocab_size), np.bool_)
-            for span in self.span_buckets:
-                makers.append((b + self.prefill_chunk, functools.partial(
-                    self._mixed_call, np.zeros(b, np.int32), np.full(b, -1, np.int32), 0, [0], span - 1, mask, sp,
-                    pmask, True, 0, True)))
+            for k, lengths in self.mixed_shapes.items():
+                sp, mask = SamplingArrays.numpy(b + 1), np.zeros((b + 1, self.mask_words), np.int32)
+                for c in lengths:
+                    for span in self.span_buckets:
+                        rows = [(0, [0], span - 1, [0], 0, True)]
+                        call = functools.partial(self._mixed_call, np.zeros(b, np.int32), np.full(b, -1, np.int32),
+                                                 rows, mask, sp, (k, c))
+                        makers.append((b + k * c, lambda call=call: call()[:3]))
         sp1, mask1 = SamplingArrays.numpy(1), np.zeros((1, self.mask_words), np.int32)
         for t in self.length_buckets:
             makers.append((t, functools.partial(self._prefill_call, 0, [0] * min(t, self.max_context - 1), mask1,

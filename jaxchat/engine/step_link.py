@@ -64,6 +64,7 @@ def runner_signature(runner) -> str:
         "length_buckets": list(runner.length_buckets), "span_buckets": list(runner.span_buckets),
         "keep_prefixes": runner.keep_prefixes, "layout": runner.layout, "prefill_chunk": runner.prefill_chunk,
         "mixed_buckets": list(runner.mixed_buckets), "prefill_batches": list(runner.prefill_batches),
+        "mixed_shapes": {str(k): list(c) for k, c in runner.mixed_shapes.items()},
     }, sort_keys=True)
 
 

@@ -4,7 +4,9 @@
   call give (stacked and unrolled layouts; a family with attention sinks and sliding windows too).
 - Greedy outputs are identical with mixed steps and with separate prefills, over arrival schedules, prompt
   lengths (one or several chunks) and output lengths (hypothesis), prefix reuse on.
-- A running row gets a token at every step while an arrival's prompt is chunked in beside it."""
+- A running row gets a token at every step while an arrival's prompt is chunked in beside it.
+- Several arrivals' chunks ride in one step (a burst is not staggered one per step), also when a decoding row
+  lies between their rows, with penalties on (the rows' counts are kept right)."""
 
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def engines(tmp_path_factory):
     separate.shutdown()
 
 
-def run_schedule(engine, requests):
+def run_schedule(engine, requests, frequency_penalty: float = 0.0):
     """requests: (prompt, max_tokens, step it arrives at). Steps the scheduler by hand until all are done;
     returns ({request id: output ids}, {request id: [step of each output delta]})."""
     sched = engine.scheduler
@@ -91,7 +93,8 @@ def run_schedule(engine, requests):
     while pending or sched.has_work():
         while pending and pending[0][1][2] <= step:
             i, (prompt, max_tokens, _) = pending.pop(0)
-            sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            sampling = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                      frequency_penalty=frequency_penalty)
             sched.submit(GenerationRequest(list(prompt), sampling, request_id=f"r{i}"), emit_for(f"r{i}"))
         sched.step()
         step += 1
@@ -124,6 +127,30 @@ def test_running_rows_decode_at_every_step_while_a_prompt_is_chunked_in(engines)
     # step 4 + 4
     assert when["r0"] == [0, *range(20 - 1)]
     assert when["r1"][0] == 8
+
+
+def test_a_burst_of_arrivals_rides_in_one_mixed_step(engines):
+    mixed, separate = engines
+    requests = [([1, 2, 3], 12, 0), ([40, 41], 4, 2), ([50], 4, 2), ([60, 61], 4, 2)]
+    want, _ = run_schedule(separate, requests, frequency_penalty=0.7)
+    before = mixed.scheduler.mixed_steps
+    got, when = run_schedule(mixed, requests, frequency_penalty=0.7)
+    assert got == want
+    assert mixed.scheduler.mixed_steps - before == 1  # all three prompts in one step of [4 rows x 2 tokens]
+    assert when["r1"][0] == when["r2"][0] == when["r3"][0] == 2
+
+
+def test_chunk_rows_around_a_decoding_row_share_a_step_and_keep_its_counts(engines):
+    """r1's long prompt is chunked from step 2; r2 (row 2) ends its one-token prompt beside it and decodes;
+    r3 (row 3) arrives at step 4 and rides in the same [4 x 2] step as r1's chunk, with r2's row in between
+    (padding in the chunk part: its counts, which the frequency penalty reads, must survive)."""
+    mixed, separate = engines
+    long_prompt = list(range(100, 133))
+    requests = [([1, 2, 3], 16, 0), (long_prompt, 5, 2), ([7], 10, 2), ([9, 10], 5, 4)]
+    want, _ = run_schedule(separate, requests, frequency_penalty=0.7)
+    got, when = run_schedule(mixed, requests, frequency_penalty=0.7)
+    assert got == want
+    assert when["r2"][0] == 2 and when["r3"][0] == 4
 
 
 def test_mixed_steps_are_on_by_default_on_accelerators_only():

@@ -75,8 +75,8 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     broadcast.prefill(1, [1, 2, 3], np.zeros((1, 9), np.int32), SamplingArrays.numpy(1), start=1, prompt_len=2)
     broadcast.prefill_rows(2, [([1, 2, 3], 0, 3), ([1, 2, 4, 5], 2, 3)], np.zeros((2, 9), np.int32),
                            SamplingArrays.numpy(2))
-    broadcast.mixed(np.array([5, 6], np.int32), np.array([3, -1], np.int32), 1, [4, 5, 6], 0,
-                    np.zeros((3, 9), np.int32), SamplingArrays.numpy(3), prompt=[4, 5, 6], count_from=3, final=True)
+    broadcast.mixed(np.array([5, 6], np.int32), np.array([3, -1], np.int32), [(1, [4, 5, 6], 0, [4, 5, 6], 3, True)],
+                    np.zeros((3, 9), np.int32), SamplingArrays.numpy(3), shape=(1, 8))
     broadcast.extend(0, [7, 8], 4, np.ones((1, 9), np.int32), SamplingArrays.numpy(1))
     broadcast.move(2, 0)
     broadcast.swap(0, 1)
