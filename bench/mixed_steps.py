@@ -78,7 +78,7 @@ def engine_rates(args) -> dict:
             return float(np.median(ts))
 
         t_decode = timed(lambda: r.decode(tokens, positions, mask, sp))
-        t_mixed = timed(lambda: r.mixed(tokens, positions, b - 1, chunk, 0, mask1, sp1, prompt=chunk))
+        t_mixed = timed(lambda: r.mixed(tokens, positions, [(b - 1, chunk, 0, chunk, len(chunk), True)], mask1, sp1))
         t_prefill = timed(lambda: r.prefill(b - 1, prompt, mask[:1], SamplingArrays.numpy(1)))
         # a wave of arrivals whose prompts the cache holds but the last token: one each, or all in one program
         n = len(prompt)

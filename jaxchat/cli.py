@@ -54,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="one device step per token (default: text the grammar forces is appended without "
                             "sampling, in one step; either way it is spelled as the tokenizer spells it)")
     serve.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                       help="a prompt arriving while others decode is prefilled N tokens per step inside their decode "
-                            "steps, so running requests never stall (0: a prefill program of its own; default 64 on "
-                            "TPU/GPU, 0 on CPU, where it measured slower)")
+                       help="prompts arriving while others decode are prefilled in chunks inside their decode steps, "
+                            "up to N prompt tokens per step over all arrivals, so running requests never stall (0: "
+                            "prefill programs of their own; default 64 on TPU/GPU, 0 on CPU, where it measured slower)")
     serve.add_argument("--no-batched-prefill", action="store_true",
                        help="prefill each arrival in a program of its own (default: arrivals admitted together "
                             "whose prompts are short, e.g. turns whose prefix the cache holds, share one program)")

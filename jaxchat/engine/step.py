@@ -45,10 +45,9 @@ Contract:
   ends its prompt, `final`). The chunk rows lie within K consecutive cache rows and keep position -1 among
   the decode rows; the other rows of those K run padding (nothing written, counts and prompt masks kept).
   A chunk row given its `prompt` (its first chunk) has its counts reset and its prompt mask set, as prefill
-  does. Shapes: the decode part has a batch bucket of `mixed_buckets` (the largest batch bucket, and from 16
-  on the one a quarter of it: fewer programs, a few idle rows) and an attention span bucket; the chunk part
-  one of `mixed_shapes` (K rows -> chunk lengths C, K * C <= T: the per-step token budget), 1 row and the
-  `prefill_batches` row buckets, each with C = T / K and its quarters down to 1 token.
+  does. Shapes: the decode part has the largest batch bucket (`mixed_buckets`) and an attention span
+  bucket; the chunk part one of `mixed_shapes` (K rows -> chunk lengths C, K * C <= T: the per-step token
+  budget): 1 row and the `prefill_batches` row buckets, each with C = T / K or 1 token.
 - Batched prefills (`prefill_batches`, for models whose forward runs mixed steps: positional caches, every
   row on its own): `prefill_rows(slot, rows, bitmask[k, W], sampling[k])` prefills k prompts (rows[i] =
   (tokens, start, prompt_len), as `prefill` takes them) into rows slot..slot+k-1 in ONE program of
@@ -115,20 +114,11 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
 
 def mixed_shapes(budget: int, row_buckets: Sequence[int], max_batch: int) -> dict[int, tuple[int, ...]]:
     """The chunk part's shapes of mixed steps: K rows -> chunk lengths C (largest first), K * C <= `budget`
-    tokens. K is 1 and each of `row_buckets` up to max_batch and the budget; C is budget // K and its quarters
-    down to 1 (a burst of one-token continuations, after prefix reuse, takes [K x 1])."""
-    if budget <= 0:
-        return {}
-    rows = sorted({1} | {min(int(k), max_batch) for k in row_buckets if 0 < int(k)})
-    shapes = {}
-    for k in rows:
-        c, lengths = budget // k, []
-        while c >= 1:
-            lengths.append(c)
-            c //= 4
-        if lengths:
-            shapes[k] = tuple(lengths)
-    return shapes
+    tokens. K is 1 and each of `row_buckets` up to max_batch and the budget; C is budget // K, or 1 (a burst
+    of one-token continuations, what prefix reuse leaves of re-sent prompts, takes [K x 1]). Few shapes: on
+    XLA:CPU every compiled kernel holds three memory mappings, and a process may hold only 65,530."""
+    rows = sorted({1} | {min(int(k), max_batch) for k in row_buckets if 0 < int(k) <= budget})
+    return {k: tuple(sorted({budget // k, 1}, reverse=True)) for k in rows} if budget > 0 else {}
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -226,10 +216,8 @@ class StepRunner:
         self.span_buckets = spans
         # prompt tokens a mixed step carries beside the decode rows (0: none, prompts take prefill programs)
         self.prefill_chunk = min(int(prefill_chunk), self.max_context) if model.mixed_steps and max_batch > 1 else 0
-        top = self.batch_buckets[-1]
-        # the largest batch bucket, and from 16 rows on the one a quarter of it: few programs, a few idle rows
-        quarter = top // 4 if top >= 16 and top // 4 in self.batch_buckets else top
-        self.mixed_buckets = tuple(sorted({quarter, top})) if self.prefill_chunk else ()
+        # the decode part of a mixed step runs the largest batch bucket (idle rows padded): few programs
+        self.mixed_buckets = (self.batch_buckets[-1],) if self.prefill_chunk else ()
         self.mixed_shapes = mixed_shapes(self.prefill_chunk, prefill_batches, max_batch)
         # several arrivals' prompts in one program: row buckets, each with the length buckets its token budget allows
         batches = sorted({min(int(k), max_batch) for k in prefill_batches} - {0, 1}) if model.mixed_steps else []
