@@ -22,7 +22,6 @@ def test_serve_defaults_bind_localhost_and_default_model():
     (["serve", "--max-batch", "-1"], "--max-batch must be positive"),
     (["serve", "--prefill-chunk", "-1"], "--prefill-chunk must be 0 (off) or positive"),
     (["serve", "--burst-window-ms", "-5"], "--burst-window-ms must be 0 (off) or positive"),
-    (["serve", "--handout-wait-ms", "-1"], "--handout-wait-ms must be 0 (off) or positive"),
 ])
 def test_bad_numbers_are_clear_errors(argv, message):
     with pytest.raises(SystemExit) as exc:
