@@ -63,9 +63,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--burst-window-ms", type=float, default=None, metavar="MS",
                        help="an idle server woken by a request waits while more arrive (each within 3 ms of the "
                             "last), at most MS ms, to prefill a burst together (default 30; 0: admit at once)")
-    serve.add_argument("--handout-wait-ms", type=float, default=None, metavar="MS",
-                       help="after a step's prefills, wait at most MS ms for the streams to write the first tokens "
-                            "before the next decode step (default 20; 0: no wait)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -129,8 +126,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
                            else min(BURST_GAP_S, args.burst_window_ms / 1000))
-    if args.handout_wait_ms is not None:
-        engine_args.update(handout_wait_s=args.handout_wait_ms / 1000)
     if rank is not None and rank > 0:
         return _follow(args.model, rank, engine_args)
     service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
@@ -244,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("jaxchat: error: --prefill-chunk must be 0 (off) or positive")
     if (getattr(args, "burst_window_ms", None) or 0) < 0:
         raise SystemExit("jaxchat: error: --burst-window-ms must be 0 (off) or positive")
-    if (getattr(args, "handout_wait_ms", None) or 0) < 0:
-        raise SystemExit("jaxchat: error: --handout-wait-ms must be 0 (off) or positive")
     if args.command == "serve":
         return _serve(args)
     if args.command == "convert":

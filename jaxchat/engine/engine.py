@@ -18,13 +18,12 @@ Contract:
   turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
   layers, every prompt is prefilled whole. Greedy outputs agree either way up to float rounding (a reused
   prefix's K/V came from other programs: decode steps, another prefill length).
-- `prefill_chunk`: prompts arriving while other rows decode are prefilled in chunks inside their decode steps
-  (mixed steps, `scheduler`), at most that many prompt tokens per step over all the arrivals a step carries,
-  for models whose forward runs them (`StepModel.mixed_steps`); 0 prefills every prompt in programs of its
-  own, stalling the running rows. None (the default) is 64 on accelerators and 0 on CPU, where XLA's matmuls
-  are compute-bound at these row counts (a chunk beside the decode rows costs about what its own prefill
-  does) and every program's kernels hold memory mappings a process has few of (see `bench/mixed_steps.py`
-  and docs/benchmarks.md for both measured side by side).
+- `prefill_chunk`: a prompt arriving while other rows decode is prefilled that many tokens per step inside
+  their decode steps (mixed steps, `scheduler`), for models whose forward runs them (`StepModel.mixed_steps`);
+  0 prefills every prompt in a program of its own, stalling the running rows. None (the default) is 64 on
+  accelerators and 0 on CPU, where XLA's matmuls are compute-bound at these row counts: a chunk beside the
+  decode rows costs nearly what its own prefill does, and one chunk per step staggers a burst of arrivals
+  (`bench/mixed_steps.py`: 0.67-0.75x the output tokens/s of separate prefills at concurrency 16 there).
 - `prefill_batches`: arrivals admitted in the same step whose prompts (what prefix reuse leaves of them) are
   short are prefilled together, up to that many per program (`StepRunner.prefill_rows`; None: 4 and 16, `()`
   prefills each alone), for the same models as mixed steps. Greedy outputs are those of separate prefills.
@@ -33,9 +32,6 @@ Contract:
   parallel requests (a closed loop's next wave, an agent's fan-out) takes one batched prefill, not its first
   request alone and the rest a prefill later. A lone request waits one gap. Only with batched prefills;
   `burst_gap_s=0` turns it off.
-- First tokens: after a step's prefills the engine hands their first tokens out and waits, at most
-  `handout_wait_s` (20 ms; 0: no wait), until the event loops have run the tasks they woke (`Mailbox.flush`),
-  so on a small host the streams write them before the decode step occupies every core.
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: on CPU, where a
   short run costs less in a small bucket, 1 with prefix reuse and 2 with jump-forward; else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
@@ -83,8 +79,6 @@ DEFAULT_PREFILL_CHUNK = 64
 # an idle engine woken by a request waits while more arrive, each within this gap, for at most the window
 BURST_GAP_S = 0.003
 BURST_WINDOW_S = 0.03
-# a step's first tokens: the engine waits, at most this long, until the event loops have written them
-HANDOUT_WAIT_S = 0.02
 
 
 def default_min_prefill_bucket(mesh: jax.sharding.Mesh, jump_forward: bool, prefix_cache: bool = False) -> int:
@@ -132,7 +126,6 @@ class Engine:
         start: bool = True,
         burst_gap_s: float = BURST_GAP_S,
         burst_window_s: float = BURST_WINDOW_S,
-        handout_wait_s: float = HANDOUT_WAIT_S,
     ) -> None:
         self.model = model
         self.burst_gap_s, self.burst_window_s = burst_gap_s, burst_window_s
@@ -165,8 +158,7 @@ class Engine:
             self._warmup()
         self._compiles_at_ready = compile_count()
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
-        # and after its prefills: first tokens go out at once, written before the decode step takes the cores
-        self.scheduler.after_prefills = functools.partial(self._mailbox.flush, handout_wait_s)
+        self.scheduler.after_prefills = self._mailbox.flush  # and after its prefills: first tokens go out at once
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
