@@ -20,8 +20,9 @@ Contract:
   window of K consecutive rows that holds the oldest arrival, with a chunk length C (K * C within the per-step
   token budget, `runner.mixed_shapes`), choosing the shape that ends the most prompts, then runs the most
   tokens, then costs the fewest. The token sampled after a row's last chunk is its first output. Running rows
-  never stall for an arrival, and a burst of arrivals is not staggered one per step. With no row decoding,
-  fresh arrivals are prefilled whole as before (`mixed_steps` counts the mixed steps).
+  never stall for an arrival, and a burst of arrivals is not staggered one per step. With no row decoding when
+  a step begins, its arrivals (both admission rounds: a burst that woke an idle engine) are prefilled whole
+  as before (`mixed_steps` counts the mixed steps).
 - Per row: its own constraint (None = all-ones mask, no host work), sampling parameters and stop
   conditions (eos ids unless `ignore_eos`, `stop_token_ids`, stop strings, `max_tokens`,
   `constraint.is_terminated()`, the context filling up -> "length").  A stop token's text is not emitted.
@@ -115,6 +116,7 @@ class Scheduler:
         self._extends: list[_Seq] = []
         self.mixed_steps = 0
         self._chunking: collections.deque[_Seq] = collections.deque()  # admitted, prompt still in chunks
+        self._running = False  # whether a row was decoding when the current step began
         # called after a step's prefills, before its decode: the engine hands the first tokens out right away
         self.after_prefills: Callable[[], None] | None = None
 
@@ -149,6 +151,8 @@ class Scheduler:
             self._apply_aborts(aborts)
         if self._extends:
             self._run_extends()
+        # rows admitted in this step's rounds are not running yet: arrivals beside them prefill, not chunk
+        self._running = self._any_decoding()
         if self._admit_waiting():
             self._hand_out()
             # a burst's later arrivals, come in while those prompts ran, are prefilled before the decode too
@@ -302,7 +306,7 @@ class Scheduler:
         self.sp.step[slot] = seq.generated
         tokens = [*req.prompt_ids, *forced]
         seq.written = start
-        if r.prefill_chunk and self._any_decoding():  # ride in the running rows' steps
+        if r.prefill_chunk and self._running:  # ride in the running rows' steps
             seq.chunks, seq.chunk_from = tokens, start
             self._chunking.append(seq)
             return None
