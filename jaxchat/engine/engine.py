@@ -18,12 +18,13 @@ Contract:
   turn of the same conversation) prefills only the rest (`scheduler`); off, or for models with recurrent
   layers, every prompt is prefilled whole. Greedy outputs agree either way up to float rounding (a reused
   prefix's K/V came from other programs: decode steps, another prefill length).
-- `prefill_chunk`: a prompt arriving while other rows decode is prefilled that many tokens per step inside
-  their decode steps (mixed steps, `scheduler`), for models whose forward runs them (`StepModel.mixed_steps`);
-  0 prefills every prompt in a program of its own, stalling the running rows. None (the default) is 64 on
-  accelerators and 0 on CPU, where XLA's matmuls are compute-bound at these row counts: a chunk beside the
-  decode rows costs nearly what its own prefill does, and one chunk per step staggers a burst of arrivals
-  (`bench/mixed_steps.py`: 0.67-0.75x the output tokens/s of separate prefills at concurrency 16 there).
+- `prefill_chunk`: prompts arriving while other rows decode are prefilled in chunks inside their decode steps
+  (mixed steps, `scheduler`), at most that many prompt tokens per step over all the arrivals a step carries,
+  for models whose forward runs them (`StepModel.mixed_steps`); 0 prefills every prompt in programs of its
+  own, stalling the running rows. None (the default) is 64 on accelerators and 0 on CPU, where XLA's matmuls
+  are compute-bound at these row counts (a chunk beside the decode rows costs about what its own prefill
+  does) and every compiled kernel holds memory mappings a process has few of (`step.mixed_shapes`);
+  `bench/mixed_steps.py` measures both side by side.
 - `prefill_batches`: arrivals admitted in the same step whose prompts (what prefix reuse leaves of them) are
   short are prefilled together, up to that many per program (`StepRunner.prefill_rows`; None: 4 and 16, `()`
   prefills each alone), for the same models as mixed steps. Greedy outputs are those of separate prefills.

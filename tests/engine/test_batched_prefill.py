@@ -170,10 +170,22 @@ def test_first_tokens_are_handed_out_before_the_steps_decode(engines):
     assert seen == [(1, 0, 0), (4, 1, 3)]
 
 
-def test_a_request_arriving_during_a_steps_prefill_is_admitted_before_its_decode(engines):
+@pytest.fixture(scope="module")
+def mixed(model):
+    """Batched prefills and mixed steps of 8 prompt tokens."""
+    engine = Engine(model, max_batch=4, max_context=128, length_buckets=(8, 16, 32, 128), warmup=False,
+                    start=False, prefill_chunk=8, prefill_batches=(2, 4))
+    assert engine.runner.prefill_chunk == 8
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("mixed_steps", [False, True])
+def test_a_request_arriving_during_a_steps_prefill_is_admitted_before_its_decode(engines, mixed, mixed_steps):
     """r1 is submitted while r0's prefill runs (a burst whose first request woke the engine): the same step
-    prefills it too, hands both first tokens out, then runs one decode over both rows."""
-    batched, _ = engines
+    prefills it too, hands both first tokens out, then runs one decode over both rows. With mixed steps on
+    too: r0 was not running when the step began, so r1 does not wait for a mixed step."""
+    batched = mixed if mixed_steps else engines[0]
     sched, runner = batched.scheduler, batched.runner
     outs: dict[str, list[int]] = {"r0": [], "r1": []}
 
