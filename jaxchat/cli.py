@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                        help="prompts arriving while others decode are prefilled in chunks inside their decode steps, "
                             "up to N prompt tokens per step over all arrivals, so running requests never stall (0: "
-                            "prefill programs of their own; default 64 on TPU/GPU, 0 on CPU, where it measured slower)")
+                            "prefill programs of their own; default 64 on TPU/GPU, 0 on CPU, where it measured no "
+                            "faster and adds programs)")
     serve.add_argument("--no-batched-prefill", action="store_true",
                        help="prefill each arrival in a program of its own (default: arrivals admitted together "
                             "whose prompts are short, e.g. turns whose prefix the cache holds, share one program)")
