@@ -436,6 +436,36 @@ class StepRunner:
                                                np.int32(n), pmask, bitmask, sp, np.int32(count_from),
                                                np.bool_(extend))
 
+    def _pack_rows(self, k: int, t: int, placed: Sequence[tuple[int, Sequence[int], int, Sequence[int] | None, int]]):
+        """A [k, t] token block for programs that run several rows' prompts: placed[i] = (row r of the k, the
+        tokens it runs, their first position, the tokens of its prompt mask or None (kept), count_from).
+        Returns (tokens, positions, lengths, valid, prompt masks, count_from); unplaced rows are padding
+        (positions -1, not valid)."""
+        tokens, positions = np.zeros((k, t), np.int32), np.full((k, t), -1, np.int32)
+        lengths, valid, count_from = np.ones(k, np.int32), np.zeros(k, np.bool_), np.zeros(k, np.int32)
+        pmask = np.zeros((k, self.vocab_size), np.bool_)
+        for r, run, start, prompt, counted_from in placed:
+            n = len(run)
+            if not 0 < n <= t or not 0 <= r < k or start < 0 or start + n > self.max_context:
+                raise ValueError(f"{n} tokens from position {start} into row {r} of [{k} x {t}] do not fit within "
+                                 f"the context of {self.max_context}")
+            tokens[r, :n] = run
+            positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
+            lengths[r], valid[r], count_from[r] = n, True, counted_from
+            if prompt is not None:
+                pmask[r] = self._prompt_mask(prompt)[0]
+        return tokens, positions, lengths, valid, pmask, count_from
+
+    def _spread_rows(self, total: int, at: Sequence[int], bitmask: np.ndarray, sp: SamplingArrays):
+        """Bitmasks and sampling arrays for a program of `total` rows: row i of the given ones at row at[i]; the
+        others sample anything (their outputs are ignored)."""
+        masks = np.full((total, self.mask_words), -1, np.int32)
+        masks[list(at)] = bitmask[: len(at)]
+        sps = SamplingArrays.numpy(total)
+        for full, part in zip(sps, sp, strict=True):
+            full[list(at)] = part[: len(at)]
+        return masks, sps
+
     def mixed_shape(self, rows: int, longest: int) -> tuple[int, int] | None:
         """(K, C): the smallest chunk part of `mixed_shapes` spanning `rows` cache rows whose chunk length
         covers `longest` tokens (or the longest it has), or None when no K spans them."""
@@ -456,31 +486,14 @@ class StepRunner:
         k, c = shape
         offset = min(lo, self.max_batch - k)  # the chunk part's first row: its rows stay inside the cache
         b = len(tokens)
-        padded = np.zeros((k, c), np.int32)
-        chunk_positions = np.full((k, c), -1, np.int32)
-        lengths, count_from = np.ones(k, np.int32), np.zeros(k, np.int32)
-        valid, fresh, final = np.zeros(k, np.bool_), np.zeros(k, np.bool_), np.zeros(k, np.bool_)
-        pmask = np.zeros((k, self.vocab_size), np.bool_)
-        masks = np.full((b + k, self.mask_words), -1, np.int32)  # padding rows sample anything (ignored)
-        masks[:b] = bitmask[:b]
-        sps = SamplingArrays.numpy(b + k)
-        for full, part in zip(sps, sp, strict=True):
-            full[:b] = part[:b]
-        order = []
-        for i, (slot, chunk, start, prompt, counted_from, ends) in enumerate(rows):
-            n, r = len(chunk), slot - offset
-            if not 0 < n <= c or r >= k or start < 0 or start + n > self.max_context:
-                raise ValueError(f"a chunk of {n} tokens from position {start} into row {slot} does not fit "
-                                 f"[{k} x {c}] tokens from row {offset} within the context of {self.max_context}")
-            padded[r, :n] = chunk
-            chunk_positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
-            lengths[r], valid[r], fresh[r], final[r], count_from[r] = n, True, prompt is not None, ends, counted_from
-            if prompt is not None:
-                pmask[r] = self._prompt_mask(prompt)[0]
-            masks[b + r] = bitmask[b + i]
-            for full, part in zip(sps, sp, strict=True):
-                full[b + r] = part[b + i]
-            order.append(b + r)
+        padded, chunk_positions, lengths, valid, pmask, count_from = self._pack_rows(
+            k, c, [(slot - offset, chunk, start, prompt, counted_from)
+                   for slot, chunk, start, prompt, counted_from, _ in rows])
+        fresh, final = np.zeros(k, np.bool_), np.zeros(k, np.bool_)
+        for slot, _, _, prompt, _, ends in rows:
+            fresh[slot - offset], final[slot - offset] = prompt is not None, ends
+        order = [b + slot - offset for slot in slots]
+        masks, sps = self._spread_rows(b + k, [*range(b), *order], bitmask, sp)
         span = bucket_for(max(int(np.max(positions, initial=0)), int(chunk_positions.max())) + 1, self.span_buckets)
         return ("mixed", span, b, k, c), self._mixeds[span], (
             self.params, self.state, tokens, positions, padded, chunk_positions, np.int32(offset), lengths, valid,
@@ -507,25 +520,10 @@ class StepRunner:
         kb, t = bucket
         offset = min(slot, self.max_batch - kb)  # the program's first row: its rows stay inside the cache
         first = slot - offset
-        padded = np.zeros((kb, t), np.int32)
-        positions = np.full((kb, t), -1, np.int32)
-        lengths = np.ones(kb, np.int32)
-        valid = np.zeros(kb, np.bool_)
-        pmask = np.zeros((kb, self.vocab_size), np.bool_)
-        count_from = np.zeros(kb, np.int32)
-        for i, (tokens, start, prompt_len) in enumerate(rows):
-            n, r = len(tokens) - start, first + i
-            if not 0 < n or start < 0 or start + n > self.max_context:
-                raise ValueError(f"{n} tokens from position {start} do not fit the context of {self.max_context}")
-            padded[r, :n] = tokens[start:]
-            positions[r, :n] = np.arange(start, start + n, dtype=np.int32)
-            lengths[r], valid[r], count_from[r] = n, True, prompt_len
-            pmask[r] = self._prompt_mask(tokens[:prompt_len])[0]
-        masks = np.full((kb, self.mask_words), -1, np.int32)  # padding rows sample anything (ignored)
-        masks[first:first + k] = bitmask
-        sps = SamplingArrays.numpy(kb)
-        for full, part in zip(sps, sp, strict=True):
-            full[first:first + k] = part
+        padded, positions, lengths, valid, pmask, count_from = self._pack_rows(
+            kb, t, [(first + i, tokens[start:], start, tokens[:prompt_len], prompt_len)
+                    for i, (tokens, start, prompt_len) in enumerate(rows)])
+        masks, sps = self._spread_rows(kb, range(first, first + k), bitmask, sp)
         return ("prefill_rows", kb, t), self._prefill_rows, (self.params, self.state, np.int32(offset), padded,
                                                              positions, lengths, valid, pmask, masks, sps,
                                                              count_from), first
