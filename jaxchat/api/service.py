@@ -96,6 +96,12 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
             t for marker in self.spec.extra_stops if (t := self._single_token(marker)) is not None
         )
 
+    def expect_request(self):
+        """A generation request is coming in (`Engine.expect_request`): the engine waits for it when gathering a
+        burst, until the request is submitted or the returned arrival is closed (None: an engine without bursts)."""
+        expect = getattr(self.engine, "expect_request", None)
+        return expect() if expect is not None else None
+
     def _single_token(self, text: str) -> int | None:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None

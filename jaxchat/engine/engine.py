@@ -32,7 +32,9 @@ Contract:
   (3 ms) of the one before, for at most `burst_window_s` (30 ms), then admits them in one step: a burst of
   parallel requests (a closed loop's next wave, an agent's fan-out) takes one batched prefill, not its first
   request alone and the rest a prefill later. A lone request waits one gap. Only with batched prefills;
-  `burst_gap_s=0` turns it off.
+  `burst_gap_s=0` turns it off. `engine.expect_request()` (the server calls it as a request comes in) announces
+  a request still being read: the gather also waits while announced requests have not been submitted, within
+  the window (`arrivals`).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in one extend
   step (`scheduler`) of the prefill program; prompt-length buckets start at `min_prefill_bucket` (None: on CPU, where a
   short run costs less in a small bucket, 1 with prefix reuse and 2 with jump-forward; else 8); `executable_cache=DIR` keeps the step programs serialized there (`executables`), so
@@ -64,6 +66,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxchat.engine.arrivals import Arrival, Arrivals
 from jaxchat.engine.compiles import cache_hit_count, compile_count
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
@@ -161,6 +164,7 @@ class Engine:
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self.scheduler.after_prefills = self._mailbox.flush  # and after its prefills: first tokens go out at once
         self._cv = threading.Condition()
+        self.arrivals = Arrivals(self._wake)  # requests the server is still reading (`expect_request`)
         self._stopped = False
         self._thread: threading.Thread | None = None
         if start:
@@ -263,9 +267,18 @@ class Engine:
         while not self._stopped and (left := deadline - time.monotonic()) > 0:
             self._cv.wait(timeout=min(self.burst_gap_s, left))
             now = self.scheduler.arrivals()
-            if now == seen:
+            if now == seen and not self.arrivals.pending(self.burst_window_s):
                 return
             seen = now
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def expect_request(self) -> Arrival:
+        """A request is on its way (the server is reading it): until it is submitted from this context (or the
+        returned `Arrival` is closed), an idle engine gathering a burst waits for it (`arrivals`)."""
+        return self.arrivals.expect()
 
     # ---- requests -------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, callback: Callable[[GenerationOutput], None]) -> str:
@@ -275,14 +288,13 @@ class Engine:
         if self._stopped:
             raise RuntimeError("engine is shut down")
         self.scheduler.submit(request, callback)
-        with self._cv:
-            self._cv.notify_all()
+        self.arrivals.submitted()
+        self._wake()
         return request.request_id
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
-        with self._cv:
-            self._cv.notify_all()
+        self._wake()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         loop = asyncio.get_running_loop()

@@ -70,6 +70,11 @@ class ResidentPrefixes:
         t = self._tokens[row]
         return () if t is None else tuple(int(x) for x in t)
 
+    def length(self, row: int) -> int:
+        """How many leading positions of `row` its record covers (0: none)."""
+        t = self._tokens[row]
+        return 0 if t is None else len(t)
+
     def swapped(self, a: int, b: int) -> None:
         self._tokens[a], self._tokens[b] = self._tokens[b], self._tokens[a]
         self._used[a], self._used[b] = self._used[b], self._used[a]

@@ -332,12 +332,12 @@ class Scheduler:
             return 0
         plan = self.prefixes.plan(prompt, range(slot, len(self.slots)))
         source = plan.source
-        if plan.row != slot:
-            self.runner.swap(plan.row, slot)
+        if plan.row != slot:  # both rows idle: what they hold is their records
+            self.runner.swap(plan.row, slot, extent=max(self.prefixes.length(plan.row), self.prefixes.length(slot)))
             self.prefixes.swapped(plan.row, slot)
             source = {plan.row: slot, slot: plan.row}.get(source, source)  # where the swap left it
         if plan.length and source != slot:
-            self.runner.move(source, slot)
+            self.runner.move(source, slot, extent=plan.length)
         self.prefixes.forget(slot)
         return plan.length
 
@@ -596,11 +596,12 @@ class Scheduler:
                 last -= 1
             if last > i:
                 mover = self.slots[last]
+                # the mover holds nothing at or past its next position; the finished row, its record
                 if self.prefixes is not None:  # keep the finished row's prefix: it goes up to `last`
-                    self.runner.swap(last, i)
+                    self.runner.swap(last, i, extent=max(mover.pos, self.prefixes.length(i)))
                     self.prefixes.swapped(last, i)
                 else:
-                    self.runner.move(last, i)
+                    self.runner.move(last, i, extent=mover.pos)
                 for a in (self.tokens, self.positions, self.bitmask, *self.sp):
                     a[i] = a[last]
                 self.positions[last] = -1

@@ -57,6 +57,10 @@ Contract:
   and keep their counts and prompt masks. A burst of arrivals then costs one weight read, not one each.
 - `keep_prefixes` (and `StepModel.prefix_reuse`): the scheduler reuses idle rows' prefixes, so warm-up
   also compiles the programs `swap` runs; `runner.keep_prefixes` says whether it is on.
+- Row moves (`move(src, dst, extent)`, `swap(a, b, extent)`): `extent` says how many leading positions hold
+  anything that matters (None: all). In the unrolled layout of a positional cache, only the chunk buffers
+  below the smallest span bucket >= extent are copied (`move_extents`, one program each): placing a
+  conversation of 100 tokens moves 128 positions of the row, not all of max_context.
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
   runs the same programs, see `step_link`, and reads the replicated outputs locally); the cache is sharded over kv heads on the mesh
   axis "tp" when divisible, everything else is replicated; on one device the mesh has one device.
@@ -281,14 +285,22 @@ class StepRunner:
             in_shardings=(param_sh, state_sh) + (rep,) * 9,
             out_shardings=(state_sh, rep),
         )
-        self._move = jax.jit(functools.partial(self._move_impl, cache_axis=self._cache_axis), donate_argnums=(0,),
-                             in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
-        # a swap is a row read out, a move and the row written back: three in-place programs (one program
-        # swapping both rows made XLA:CPU copy the whole cache, 35x slower than a move)
-        self._read_row = jax.jit(functools.partial(self._read_row_impl, cache_axis=self._cache_axis),
-                                 in_shardings=(state_sh, rep), out_shardings=state_sh)
-        self._write_row = jax.jit(functools.partial(self._write_row_impl, cache_axis=self._cache_axis),
-                                  donate_argnums=(0,), in_shardings=(state_sh, state_sh, rep), out_shardings=state_sh)
+        # row moves copy the cache chunks below an extent bucket (the unrolled layout's chunks end at the spans)
+        self.move_extents = spans if model.layout == "unrolled" and model.prefix_reuse else (self.max_context,)
+        self._moves, self._read_rows, self._write_rows = {}, {}, {}
+        for extent in self.move_extents:
+            layout = {"cache_axis": self._cache_axis,
+                      "chunks": None if extent == self.max_context else spans.index(extent) + 1}
+            self._moves[extent] = jax.jit(functools.partial(self._move_impl, **layout), donate_argnums=(0,),
+                                          in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
+            # a swap is a row read out, a move and the row written back: three in-place programs (one program
+            # swapping both rows made XLA:CPU copy the whole cache, 35x slower than a move)
+            row_sh = DecodeState(self._leading_chunks(state_sh.cache_k, layout["chunks"]),
+                                 self._leading_chunks(state_sh.cache_v, layout["chunks"]), rep, rep)
+            self._read_rows[extent] = jax.jit(functools.partial(self._read_row_impl, **layout),
+                                              in_shardings=(state_sh, rep), out_shardings=row_sh)
+            self._write_rows[extent] = jax.jit(functools.partial(self._write_row_impl, **layout), donate_argnums=(0,),
+                                               in_shardings=(state_sh, row_sh, rep), out_shardings=state_sh)
 
     # ---- traced programs -------------------------------------------------------------------------
     def _decode_impl(self, params, state: DecodeState, tokens, positions, bitmask, sp: SamplingArrays, span=None):
@@ -368,33 +380,51 @@ class StepRunner:
         return with_rows(state, ck, cv, counts, pmask, offset), out
 
     @staticmethod
-    def _move_impl(state: DecodeState, src, dst, cache_axis: int = 1):
+    def _leading_chunks(cache, chunks: int | None):
+        """The part of a cache tree a move of `chunks` chunks touches: all of it (None), else each layer's
+        first `chunks` chunk buffers (the unrolled layout: a tuple of layers, each a tuple of chunks)."""
+        return cache if chunks is None else tuple(tuple(layer[:chunks]) for layer in cache)
+
+    @staticmethod
+    def _with_leading_chunks(cache, part, chunks: int | None):
+        return part if chunks is None else tuple(
+            tuple(new) + tuple(layer[chunks:]) for layer, new in zip(cache, part, strict=True))
+
+    @staticmethod
+    def _move_impl(state: DecodeState, src, dst, cache_axis: int = 1, chunks: int | None = None):
         def mv(x, axis):
             row = jax.lax.dynamic_slice_in_dim(x, src, 1, axis=axis)
             return jax.lax.dynamic_update_slice_in_dim(x, row, dst, axis=axis)
 
         def mv_cache(c):
-            return jax.tree.map(lambda x: mv(x, cache_axis), c)
+            part = jax.tree.map(lambda x: mv(x, cache_axis), StepRunner._leading_chunks(c, chunks))
+            return StepRunner._with_leading_chunks(c, part, chunks)
 
         return DecodeState(mv_cache(state.cache_k), mv_cache(state.cache_v), mv(state.counts, 0),
                            mv(state.prompt_mask, 0))
 
     @staticmethod
-    def _read_row_impl(state: DecodeState, a, cache_axis: int = 1) -> DecodeState:
+    def _read_row_impl(state: DecodeState, a, cache_axis: int = 1, chunks: int | None = None) -> DecodeState:
         def cut(x, axis):
             return jax.lax.dynamic_slice_in_dim(x, a, 1, axis=axis)
 
-        return DecodeState(jax.tree.map(lambda x: cut(x, cache_axis), state.cache_k),
-                           jax.tree.map(lambda x: cut(x, cache_axis), state.cache_v), cut(state.counts, 0),
+        def cut_cache(c):
+            return jax.tree.map(lambda x: cut(x, cache_axis), StepRunner._leading_chunks(c, chunks))
+
+        return DecodeState(cut_cache(state.cache_k), cut_cache(state.cache_v), cut(state.counts, 0),
                            cut(state.prompt_mask, 0))
 
     @staticmethod
-    def _write_row_impl(state: DecodeState, row: DecodeState, b, cache_axis: int = 1) -> DecodeState:
+    def _write_row_impl(state: DecodeState, row: DecodeState, b, cache_axis: int = 1,
+                        chunks: int | None = None) -> DecodeState:
         def put(x, r, axis):
             return jax.lax.dynamic_update_slice_in_dim(x, r, b, axis=axis)
 
-        return DecodeState(jax.tree.map(lambda x, r: put(x, r, cache_axis), state.cache_k, row.cache_k),
-                           jax.tree.map(lambda x, r: put(x, r, cache_axis), state.cache_v, row.cache_v),
+        def put_cache(c, r):
+            part = jax.tree.map(lambda x, y: put(x, y, cache_axis), StepRunner._leading_chunks(c, chunks), r)
+            return StepRunner._with_leading_chunks(c, part, chunks)
+
+        return DecodeState(put_cache(state.cache_k, row.cache_k), put_cache(state.cache_v, row.cache_v),
                            put(state.counts, row.counts, 0), put(state.prompt_mask, row.prompt_mask, 0))
 
     # ---- host entry points ----------------------------------------------------------------------
@@ -573,13 +603,20 @@ class StepRunner:
         out = self._run(key, program, args)
         return SampleOut(*(x[first:first + len(rows)] for x in out))
 
-    def move(self, src: int, dst: int) -> None:
-        self.state = self._compiled.get(("move",), self._move)(self.state, np.int32(src), np.int32(dst))
+    def move(self, src: int, dst: int, extent: int | None = None) -> None:
+        """Copy row `src` over row `dst`: the positions below `extent` (None: all) and its counts and prompt mask."""
+        e = self._extent_bucket(extent)
+        self.state = self._compiled.get(("move", e), self._moves[e])(self.state, np.int32(src), np.int32(dst))
 
-    def swap(self, a: int, b: int) -> None:
-        row = self._compiled.get(("read_row",), self._read_row)(self.state, np.int32(a))
-        self.move(b, a)
-        self.state = self._compiled.get(("write_row",), self._write_row)(self.state, row, np.int32(b))
+    def swap(self, a: int, b: int, extent: int | None = None) -> None:
+        """Trade rows `a` and `b`: the positions below `extent` (None: all), counts and prompt masks."""
+        e = self._extent_bucket(extent)
+        row = self._compiled.get(("read_row", e), self._read_rows[e])(self.state, np.int32(a))
+        self.move(b, a, e)
+        self.state = self._compiled.get(("write_row", e), self._write_rows[e])(self.state, row, np.int32(b))
+
+    def _extent_bucket(self, extent: int | None) -> int:
+        return self.max_context if extent is None else bucket_for(max(int(extent), 1), self.move_extents)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True) -> None:
         """Compile every bucket ahead of time: each program is lowered and compiled for exactly the arguments
@@ -619,11 +656,12 @@ class StepRunner:
                                               (kb, t))
                 makers.append((kb * t, lambda rows_call=rows_call: rows_call()[:3]))
         calls = [make() for _, make in makers]
-        calls.append((("move",), self._move, (self.state, np.int32(0), np.int32(0))))
-        if self.keep_prefixes and self.max_batch > 1:
-            row = jax.eval_shape(self._read_row, self.state, np.int32(0))
-            calls.append((("read_row",), self._read_row, (self.state, np.int32(0))))
-            calls.append((("write_row",), self._write_row, (self.state, row, np.int32(1))))
+        for e in self.move_extents:
+            calls.append((("move", e), self._moves[e], (self.state, np.int32(0), np.int32(0))))
+            if self.keep_prefixes and self.max_batch > 1:
+                row = jax.eval_shape(self._read_rows[e], self.state, np.int32(0))
+                calls.append((("read_row", e), self._read_rows[e], (self.state, np.int32(0))))
+                calls.append((("write_row", e), self._write_rows[e], (self.state, row, np.int32(1))))
         for i, (key, program, args) in enumerate(calls):
             if self.executables is None:
                 self._compiled[key] = program.lower(*args).compile()
@@ -640,10 +678,11 @@ class StepRunner:
         then zero the counts and prompt masks it touched."""
         for make in makers:
             self._run(*make())
-        if self.keep_prefixes and self.max_batch > 1:
-            self.swap(0, 1)
-        else:
-            self.move(0, 0)
+        for e in self.move_extents:
+            if self.keep_prefixes and self.max_batch > 1:
+                self.swap(0, 1, e)
+            else:
+                self.move(0, 0, e)
         fresh = {name: jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
                  for name, x in (("counts", self.state.counts), ("prompt_mask", self.state.prompt_mask))}
         self.state = jax.block_until_ready(self.state._replace(**fresh))

@@ -118,11 +118,13 @@ class _Api:
 
         return run
 
-    def stream(self, request: Request, chunks, started: float, **sse) -> SSEStream:
+    def stream(self, request: Request, chunks, started: float, arrival=None, **sse) -> SSEStream:
         path = request.url.path
         self.metrics.streams_active.inc()
 
         def on_end(status, usage, ttft, decode, tokens, gone) -> None:
+            if arrival is not None:  # submitted by now, or never will be
+                arrival.close()
             self.metrics.streams_active.dec()
             if gone:
                 self.metrics.disconnects.inc()
@@ -134,12 +136,20 @@ class _Api:
         return SSEStream(chunks, self.drain, on_end, started, **sse)
 
     async def generate(self, request: Request, started: float, parse, complete, complete_stream, **sse) -> Response:
-        body = await read_json_object(request, self.limits)
-        self.check_model(body)  # before validation, as vLLM does: a wrong model is a 404 whatever else is wrong
-        typed = parse(body, self.limits, self.service.max_context)
-        if typed.stream:
-            return self.stream(request, complete_stream(typed), started, **sse)
-        result = await run_until_gone(request.receive, complete(typed), self.drain)
+        expect = getattr(self.service, "expect_request", None)  # an idle engine gathering a burst waits for it
+        arrival = expect() if expect is not None else None
+        streaming = False
+        try:
+            body = await read_json_object(request, self.limits)
+            self.check_model(body)  # before validation, as vLLM does: a wrong model is a 404 whatever else is wrong
+            typed = parse(body, self.limits, self.service.max_context)
+            if typed.stream:
+                streaming = True
+                return self.stream(request, complete_stream(typed), started, arrival=arrival, **sse)
+            result = await run_until_gone(request.receive, complete(typed), self.drain)
+        finally:
+            if arrival is not None and not streaming:
+                arrival.close()
         self.metrics.observe_usage(result.get("usage") if isinstance(result, dict) else None)
         return JSONResponse(result)
 

@@ -136,6 +136,40 @@ def test_swap_exchanges_two_rows_and_keeps_the_others(engines):
         np.testing.assert_array_equal(np.take(y, [0, 3, 2, 1], axis=axis), x)
 
 
+def test_a_swap_below_an_extent_trades_only_the_chunks_that_hold_it(engines):
+    """`swap(a, b, extent)` trades the cache chunks below the smallest span bucket >= extent (and the counts and
+    prompt masks, whole); the chunks above it keep what they held. `move` likewise copies only those."""
+    from jaxchat.engine.prefix_cache import ResidentPrefixes
+    from jaxchat.engine.sampler import SamplingArrays
+
+    _, alone = engines
+    r = alone.runner
+    assert len(r.move_extents) > 1 and r.move_extents[-1] == r.max_context
+    mask = np.full((1, r.mask_words), -1, np.int32)
+    for row in range(4):  # each row written over the whole context, so every chunk differs between rows
+        r.prefill(row, [row + 1] * (r.max_context - 1), mask, SamplingArrays.numpy(1))
+    alone.scheduler.prefixes = ResidentPrefixes(r.max_batch)
+
+    def chunks(state):
+        return [[np.asarray(c) for c in layer] for cache in (state.cache_k, state.cache_v) for layer in cache]
+
+    axis = r._cache_axis
+    for kept, extent in enumerate(r.move_extents[:-1], start=1):
+        before, counts = chunks(r.state), np.asarray(r.state.counts)
+        r.swap(1, 3, extent=extent - 1)
+        after = chunks(r.state)
+        np.testing.assert_array_equal(np.asarray(r.state.counts), counts[[0, 3, 2, 1]])
+        for layer_before, layer_after in zip(before, after, strict=True):
+            for i, (x, y) in enumerate(zip(layer_before, layer_after, strict=True)):
+                order = [0, 3, 2, 1] if i < kept else [0, 1, 2, 3]
+                np.testing.assert_array_equal(np.take(y, order, axis=axis), x)
+        r.move(2, 0, extent=extent)
+        moved = chunks(r.state)
+        for layer_after, layer_moved in zip(after, moved, strict=True):
+            for i, (x, y) in enumerate(zip(layer_after, layer_moved, strict=True)):
+                np.testing.assert_array_equal(np.take(y, 0, axis=axis), np.take(x, 2 if i < kept else 0, axis=axis))
+
+
 def batch_axes(runner) -> list[int]:
     """The batch axis of each leaf of the runner's DecodeState: the cache's, then 0 for counts and prompt masks."""
     import jax
@@ -249,3 +283,65 @@ def test_an_idle_engine_gathers_a_burst_into_one_batched_prefill(model):
         engine.shutdown()
         restore()
     assert calls == {"prefill": 0, "prefill_rows": 1}
+
+
+@pytest.mark.parametrize("announced", [True, False])
+def test_an_idle_engine_waits_for_requests_the_server_announced(model, announced):
+    """Three requests arrive 150 ms apart, far beyond the 10 ms gap an idle engine waits between arrivals.
+    Announced as they come in (`expect_request`, as the server does before reading a body), all three are
+    prefilled in one batched program; unannounced, the first one is prefilled alone."""
+    import contextvars
+    import threading
+    import time
+
+    engine = Engine(model, max_batch=4, max_context=128, length_buckets=(8, 16, 32, 128), warmup=False,
+                    prefill_chunk=0, prefill_batches=(4,), burst_gap_s=0.01, burst_window_s=30.0)
+    calls, restore = count_calls(engine.runner, ("prefill", "prefill_rows"))
+    finished: list[str] = []
+    all_done = threading.Event()
+
+    def on_output(out):
+        if out.finished:
+            finished.append(out.request_id)
+            if len(finished) == 3:
+                all_done.set()
+
+    contexts = [contextvars.copy_context() for _ in range(3)]
+    try:
+        if announced:
+            for ctx in contexts:
+                ctx.run(engine.expect_request)
+        for i, ctx in enumerate(contexts):
+            ctx.run(engine.submit, GenerationRequest(
+                [5, 6, 7, i], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), request_id=f"r{i}"),
+                on_output)
+            time.sleep(0.15)
+        assert all_done.wait(timeout=120)
+    finally:
+        engine.shutdown()
+        restore()
+    assert calls == ({"prefill": 0, "prefill_rows": 1} if announced else {"prefill": 1, "prefill_rows": 1})
+
+
+def test_an_announced_request_that_never_comes_does_not_hold_the_burst(model):
+    """A request announced and then closed without submitting (a 400) lets the gather end: the waiting request
+    is served long before the 30 s window."""
+    import contextvars
+    import threading
+    import time
+
+    engine = Engine(model, max_batch=4, max_context=128, length_buckets=(8, 16, 32, 128), warmup=False,
+                    prefill_chunk=0, prefill_batches=(4,), burst_gap_s=0.01, burst_window_s=30.0)
+    done = threading.Event()
+    try:
+        arrival = contextvars.copy_context().run(engine.expect_request)
+        t0 = time.monotonic()
+        engine.submit(GenerationRequest([5, 6, 7], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)),
+                      lambda out: out.finished and done.set())
+        time.sleep(0.2)
+        assert not done.is_set()  # still gathering: the announced request may come
+        arrival.close()
+        assert done.wait(timeout=20)
+        assert time.monotonic() - t0 < 25
+    finally:
+        engine.shutdown()

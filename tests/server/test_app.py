@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from starlette.testclient import TestClient
 
 from jaxchat.api import ChatRequest, Limits
 from jaxchat.server import create_app
 from tests.server.conftest import API_KEY
+from tests.server.fake import FakeService
 from tests.server.helpers import WEATHER_TOOL, assert_error, chat, sse_events
 
 
@@ -229,3 +231,40 @@ def test_metrics_change_after_requests(client):
     assert "jaxchat_compiles 2.0" in a and "jaxchat_requests_running 0.0" in a
     client.get("/random/path/that/is/not/a/route")
     assert 'route="other"' in client.get("/metrics").text
+
+
+class _Announcing(FakeService):
+    """A service that records the arrivals the server announces (`expect_request`) and whether each was closed
+    by the time the service saw its request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrivals: list[list[bool]] = []  # [closed] per announced request
+
+    def expect_request(self):
+        flag = [False]
+        self.arrivals.append(flag)
+
+        class Arrival:
+            def close(self) -> None:
+                flag[0] = True
+
+        return Arrival()
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    (chat(), 200),
+    (chat(stream=True), 200),
+    ({"messages": "not a list"}, 400),
+    (chat(model="another-model"), 404),
+])
+def test_every_generation_request_is_announced_and_its_arrival_closed(body, status):
+    """The server announces a generation request before reading it (the engine gathers a burst by it) and
+    closes the announcement however the request ends: answered, streamed, or refused."""
+    service = _Announcing()
+    with TestClient(create_app(service), raise_server_exceptions=False) as client:
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == status
+        assert service.arrivals == [[True]]
+        assert client.get("/v1/models").status_code == 200
+    assert service.arrivals == [[True]]  # other routes announce nothing
