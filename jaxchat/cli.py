@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                             "whose prompts are short, e.g. turns whose prefix the cache holds, share one program)")
     serve.add_argument("--burst-window-ms", type=float, default=None, metavar="MS",
                        help="an idle server woken by a request waits while more arrive (each within 3 ms of the "
-                            "last), at most MS ms, to prefill a burst together (default 30; 0: admit at once)")
+                            "last) and while requests it is still reading have not reached the engine, at most MS "
+                            "ms, to prefill a burst together (default 30; 0: admit at once)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
