@@ -289,7 +289,7 @@ def test_an_idle_engine_gathers_a_burst_into_one_batched_prefill(model):
 def test_an_idle_engine_waits_for_requests_the_server_announced(model, announced):
     """Three requests arrive 150 ms apart, far beyond the 10 ms gap an idle engine waits between arrivals.
     Announced as they come in (`expect_request`, as the server does before reading a body), all three are
-    prefilled in one batched program; unannounced, the first one is prefilled alone."""
+    prefilled in one batched program; unannounced, the first one is prefilled alone (by the single-row program)."""
     import contextvars
     import threading
     import time
@@ -320,7 +320,10 @@ def test_an_idle_engine_waits_for_requests_the_server_announced(model, announced
     finally:
         engine.shutdown()
         restore()
-    assert calls == ({"prefill": 0, "prefill_rows": 1} if announced else {"prefill": 1, "prefill_rows": 1})
+    if announced:
+        assert calls == {"prefill": 0, "prefill_rows": 1}
+    else:  # the later two may or may not share a program, depending on how long the first one took
+        assert calls["prefill"] >= 1 and calls["prefill"] + calls["prefill_rows"] >= 2, calls
 
 
 def test_an_announced_request_that_never_comes_does_not_hold_the_burst(model):
