@@ -98,7 +98,8 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
 
     def expect_request(self):
         """A generation request is coming in (`Engine.expect_request`): the engine waits for it when gathering a
-        burst, until the request is submitted or the returned arrival is closed (None: an engine without bursts)."""
+        burst, until the request is submitted or the returned arrival is closed. None when the engine gathers no
+        bursts or has no `expect_request` (a scripted engine in tests)."""
         expect = getattr(self.engine, "expect_request", None)
         return expect() if expect is not None else None
 

@@ -4,8 +4,8 @@ Contract:
 - `Arrivals.expect()` (any thread; the server calls it when a generation request comes in, before reading
   its body) returns an `Arrival` and makes it the current one of the calling context (a `ContextVar`, so the
   tasks the request's handler starts inherit it).
-- `Arrivals.submitted()` (called by `Engine.submit`) closes the current context's arrival, if any: the
-  request it announced has reached the engine. `Arrival.close()` closes it too (idempotent): the request
+- `Arrivals.submitted()` (called by `Engine.submit`) closes the current context's arrival, if it is one of
+  this `Arrivals`: the request it announced has reached the engine. `Arrival.close()` closes it too (idempotent): the request
   ended without submitting (a 400, a client gone). Closing wakes `on_change` (the engine's condition).
 - `Arrivals.pending(within_s)` counts the open arrivals announced less than `within_s` ago; older ones are
   forgotten, so an arrival nobody closed cannot hold a later burst.
@@ -50,14 +50,14 @@ class Arrivals:
 
     def submitted(self) -> None:
         arrival = _CURRENT.get()
-        if arrival is not None:
+        if arrival is not None and arrival._owner is self:  # another engine's announcement is not ours to close
             arrival.close()
 
     def pending(self, within_s: float) -> int:
         oldest = time.monotonic() - within_s
         with self._lock:
-            for arrival in [a for a in self._open if a.at < oldest]:
-                del self._open[arrival]
+            while self._open and next(iter(self._open)).at < oldest:
+                del self._open[next(iter(self._open))]
             return len(self._open)
 
     def _close(self, arrival: Arrival) -> None:

@@ -237,7 +237,7 @@ class Engine:
                 idle = not sched.has_work()
                 while not self._stopped and not sched.has_work():
                     self._cv.wait(timeout=0.5)
-                if idle and self.burst_gap_s > 0 and self.runner.prefill_batches:
+                if idle and self._gathers_bursts():
                     self._gather_burst()
                 if self._stopped:
                     break
@@ -263,10 +263,10 @@ class Engine:
         last, for at most `burst_window_s` in all), so a burst is admitted in one step and prefilled in one
         batched program instead of its first request alone and the rest a prefill later. Holds `_cv`."""
         deadline = time.monotonic() + self.burst_window_s
-        seen = self.scheduler.arrivals()
+        seen = self.scheduler.inbox_size()
         while not self._stopped and (left := deadline - time.monotonic()) > 0:
             self._cv.wait(timeout=min(self.burst_gap_s, left))
-            now = self.scheduler.arrivals()
+            now = self.scheduler.inbox_size()
             if now == seen and not self.arrivals.pending(self.burst_window_s):
                 return
             seen = now
@@ -275,10 +275,14 @@ class Engine:
         with self._cv:
             self._cv.notify_all()
 
-    def expect_request(self) -> Arrival:
+    def expect_request(self) -> Arrival | None:
         """A request is on its way (the server is reading it): until it is submitted from this context (or the
-        returned `Arrival` is closed), an idle engine gathering a burst waits for it (`arrivals`)."""
-        return self.arrivals.expect()
+        returned `Arrival` is closed), an idle engine gathering a burst waits for it (`arrivals`). None when
+        this engine gathers no bursts."""
+        return self.arrivals.expect() if self._gathers_bursts() else None
+
+    def _gathers_bursts(self) -> bool:
+        return self.burst_gap_s > 0 and bool(self.runner.prefill_batches)
 
     # ---- requests -------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, callback: Callable[[GenerationOutput], None]) -> str:

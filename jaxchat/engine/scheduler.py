@@ -131,7 +131,7 @@ class Scheduler:
         with self._lock:
             self._aborts.append(request_id)
 
-    def arrivals(self) -> int:
+    def inbox_size(self) -> int:
         """How many submitted requests have not reached the waiting queue yet (thread-safe)."""
         with self._lock:
             return len(self._inbox)

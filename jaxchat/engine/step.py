@@ -59,7 +59,8 @@ Contract:
   also compiles the programs `swap` runs; `runner.keep_prefixes` says whether it is on.
 - Row moves (`move(src, dst, extent)`, `swap(a, b, extent)`): `extent` says how many leading positions hold
   anything that matters (None: all). In the unrolled layout of a positional cache, only the chunk buffers
-  below the smallest span bucket >= extent are copied (`move_extents`, one program each): placing a
+  below the smallest span bucket >= extent are copied (`move_extents`; `row_moves` has the programs, a
+  move and, with prefix reuse, a swap's read and write per extent): placing a
   conversation of 100 tokens moves 128 positions of the row, not all of max_context.
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
   runs the same programs, see `step_link`, and reads the replicated outputs locally); the cache is sharded over kv heads on the mesh
@@ -79,6 +80,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.bitmask import mask_words
+from jaxchat.engine import row_moves
 from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 from jaxchat.models.base import StepModel
@@ -285,21 +287,22 @@ class StepRunner:
             in_shardings=(param_sh, state_sh) + (rep,) * 9,
             out_shardings=(state_sh, rep),
         )
-        # row moves copy the cache chunks below an extent bucket (the unrolled layout's chunks end at the spans)
+        # row moves copy the cache chunks below an extent bucket: in the unrolled layout of a positional cache
+        # (prefix reuse needs one) each layer is a tuple of chunks ending at the spans
         self.move_extents = spans if model.layout == "unrolled" and model.prefix_reuse else (self.max_context,)
+        if len(self.move_extents) > 1:
+            assert all(len(layer) == len(spans) for layer in (*cache_k, *cache_v)), "cache chunks must end at the spans"
         self._moves, self._read_rows, self._write_rows = {}, {}, {}
         for extent in self.move_extents:
             layout = {"cache_axis": self._cache_axis,
                       "chunks": None if extent == self.max_context else spans.index(extent) + 1}
-            self._moves[extent] = jax.jit(functools.partial(self._move_impl, **layout), donate_argnums=(0,),
+            self._moves[extent] = jax.jit(functools.partial(row_moves.move_row, **layout), donate_argnums=(0,),
                                           in_shardings=(state_sh, rep, rep), out_shardings=state_sh)
-            # a swap is a row read out, a move and the row written back: three in-place programs (one program
-            # swapping both rows made XLA:CPU copy the whole cache, 35x slower than a move)
-            row_sh = DecodeState(self._leading_chunks(state_sh.cache_k, layout["chunks"]),
-                                 self._leading_chunks(state_sh.cache_v, layout["chunks"]), rep, rep)
-            self._read_rows[extent] = jax.jit(functools.partial(self._read_row_impl, **layout),
+            row_sh = DecodeState(row_moves.leading_chunks(state_sh.cache_k, layout["chunks"]),
+                                 row_moves.leading_chunks(state_sh.cache_v, layout["chunks"]), rep, rep)
+            self._read_rows[extent] = jax.jit(functools.partial(row_moves.read_row, **layout),
                                               in_shardings=(state_sh, rep), out_shardings=row_sh)
-            self._write_rows[extent] = jax.jit(functools.partial(self._write_row_impl, **layout), donate_argnums=(0,),
+            self._write_rows[extent] = jax.jit(functools.partial(row_moves.write_row, **layout), donate_argnums=(0,),
                                                in_shardings=(state_sh, row_sh, rep), out_shardings=state_sh)
 
     # ---- traced programs -------------------------------------------------------------------------
@@ -378,54 +381,6 @@ class StepRunner:
         counts = jnp.where(keep, counts, jax.lax.dynamic_slice_in_dim(state.counts, offset, kb, axis=0))
         pmask = jnp.where(keep, pmask, jax.lax.dynamic_slice_in_dim(state.prompt_mask, offset, kb, axis=0))
         return with_rows(state, ck, cv, counts, pmask, offset), out
-
-    @staticmethod
-    def _leading_chunks(cache, chunks: int | None):
-        """The part of a cache tree a move of `chunks` chunks touches: all of it (None), else each layer's
-        first `chunks` chunk buffers (the unrolled layout: a tuple of layers, each a tuple of chunks)."""
-        return cache if chunks is None else tuple(tuple(layer[:chunks]) for layer in cache)
-
-    @staticmethod
-    def _with_leading_chunks(cache, part, chunks: int | None):
-        return part if chunks is None else tuple(
-            tuple(new) + tuple(layer[chunks:]) for layer, new in zip(cache, part, strict=True))
-
-    @staticmethod
-    def _move_impl(state: DecodeState, src, dst, cache_axis: int = 1, chunks: int | None = None):
-        def mv(x, axis):
-            row = jax.lax.dynamic_slice_in_dim(x, src, 1, axis=axis)
-            return jax.lax.dynamic_update_slice_in_dim(x, row, dst, axis=axis)
-
-        def mv_cache(c):
-            part = jax.tree.map(lambda x: mv(x, cache_axis), StepRunner._leading_chunks(c, chunks))
-            return StepRunner._with_leading_chunks(c, part, chunks)
-
-        return DecodeState(mv_cache(state.cache_k), mv_cache(state.cache_v), mv(state.counts, 0),
-                           mv(state.prompt_mask, 0))
-
-    @staticmethod
-    def _read_row_impl(state: DecodeState, a, cache_axis: int = 1, chunks: int | None = None) -> DecodeState:
-        def cut(x, axis):
-            return jax.lax.dynamic_slice_in_dim(x, a, 1, axis=axis)
-
-        def cut_cache(c):
-            return jax.tree.map(lambda x: cut(x, cache_axis), StepRunner._leading_chunks(c, chunks))
-
-        return DecodeState(cut_cache(state.cache_k), cut_cache(state.cache_v), cut(state.counts, 0),
-                           cut(state.prompt_mask, 0))
-
-    @staticmethod
-    def _write_row_impl(state: DecodeState, row: DecodeState, b, cache_axis: int = 1,
-                        chunks: int | None = None) -> DecodeState:
-        def put(x, r, axis):
-            return jax.lax.dynamic_update_slice_in_dim(x, r, b, axis=axis)
-
-        def put_cache(c, r):
-            part = jax.tree.map(lambda x, y: put(x, y, cache_axis), StepRunner._leading_chunks(c, chunks), r)
-            return StepRunner._with_leading_chunks(c, part, chunks)
-
-        return DecodeState(put_cache(state.cache_k, row.cache_k), put_cache(state.cache_v, row.cache_v),
-                           put(state.counts, row.counts, 0), put(state.prompt_mask, row.prompt_mask, 0))
 
     # ---- host entry points ----------------------------------------------------------------------
     def _decode_call(self, tokens: np.ndarray, positions: np.ndarray, bitmask: np.ndarray, sp: SamplingArrays):

@@ -144,8 +144,9 @@ class _Api:
             self.check_model(body)  # before validation, as vLLM does: a wrong model is a 404 whatever else is wrong
             typed = parse(body, self.limits, self.service.max_context)
             if typed.stream:
-                streaming = True
-                return self.stream(request, complete_stream(typed), started, arrival=arrival, **sse)
+                response = self.stream(request, complete_stream(typed), started, arrival=arrival, **sse)
+                streaming = True  # from here the stream's end closes the arrival
+                return response
             result = await run_until_gone(request.receive, complete(typed), self.drain)
         finally:
             if arrival is not None and not streaming:

@@ -28,8 +28,8 @@ What the service guarantees to the server:
 * `messages` / `messages_stream` (optional; without them `/v1/messages` is a 404): a request read by
   `jaxchat.api.parse_messages_request`, answered with an Anthropic message dict / a `ChunkStream` of
   Anthropic events (each `type` is its SSE event name), under the same rules.
-* `expect_request()` (optional): called as a generation request comes in, before its body is read; returns an
-  object with `close()`, which the server calls once the request has ended or has been answered without a
+* `expect_request()` (optional): called as a generation request comes in, before its body is read; returns None or
+  an object with `close()`, which the server calls once the request has ended or has been answered without a
   stream (the engine uses the announcement to gather a burst of requests into one prefill: `Engine.expect_request`).
 * `stats()` is cheap and never blocks: at least `running`, `waiting`, `slots_total`, `slots_busy`
   and `compiles` (ints); other numeric entries are exported to `/metrics` as gauges too.

@@ -52,3 +52,15 @@ def test_a_closed_arrival_stops_counting_and_an_old_one_is_forgotten():
     assert arrivals.pending(60) == 1
     assert arrivals.pending(0.01) == 0  # announced longer ago than that: forgotten for good
     assert arrivals.pending(60) == 0
+
+
+def test_a_submission_closes_only_its_own_engines_arrival():
+    """Two engines in one process (a test, a notebook): submitting to one does not close an arrival the other
+    announced in the same context."""
+    mine, other = Arrivals(), Arrivals()
+    ctx = contextvars.copy_context()
+    ctx.run(other.expect)
+    ctx.run(mine.submitted)
+    assert other.pending(60) == 1
+    ctx.run(other.submitted)
+    assert other.pending(60) == 0

@@ -148,7 +148,7 @@ def test_a_swap_below_an_extent_trades_only_the_chunks_that_hold_it(engines):
     mask = np.full((1, r.mask_words), -1, np.int32)
     for row in range(4):  # each row written over the whole context, so every chunk differs between rows
         r.prefill(row, [row + 1] * (r.max_context - 1), mask, SamplingArrays.numpy(1))
-    alone.scheduler.prefixes = ResidentPrefixes(r.max_batch)
+    alone.scheduler.prefixes = ResidentPrefixes(r.max_batch)  # as above: the records no longer match the rows
 
     def chunks(state):
         return [[np.asarray(c) for c in layer] for cache in (state.cache_k, state.cache_v) for layer in cache]
@@ -347,4 +347,13 @@ def test_an_announced_request_that_never_comes_does_not_hold_the_burst(model):
         assert done.wait(timeout=20)
         assert time.monotonic() - t0 < 25
     finally:
+        engine.shutdown()
+
+
+def test_an_engine_that_gathers_no_bursts_tracks_no_announcements(model):
+    """With bursts off (no gap, or no batched prefill) there is nothing to wait for: `expect_request` is None,
+    which the server accepts, and the engine keeps no record per request."""
+    for kw in ({"burst_gap_s": 0.0}, {"prefill_batches": ()}):
+        engine = Engine(model, max_batch=2, max_context=64, length_buckets=(8, 64), warmup=False, start=False, **kw)
+        assert engine.expect_request() is None and engine.arrivals.pending(60) == 0
         engine.shutdown()

@@ -268,3 +268,18 @@ def test_every_generation_request_is_announced_and_its_arrival_closed(body, stat
         assert service.arrivals == [[True]]
         assert client.get("/v1/models").status_code == 200
     assert service.arrivals == [[True]]  # other routes announce nothing
+
+
+def test_an_arrival_is_closed_when_a_stream_is_refused_before_it_starts():
+    """A stream the service refuses while setting it up (before any chunk) still closes its announcement: an
+    idle engine must not hold its burst for a request that will never be submitted."""
+    from jaxchat.server.errors import ApiError
+
+    class Refusing(_Announcing):
+        def chat_completion_stream(self, request):
+            raise ApiError(400, "refused while setting up the stream")
+
+    service = Refusing()
+    with TestClient(create_app(service), raise_server_exceptions=False) as client:
+        assert client.post("/v1/chat/completions", json=chat(stream=True)).status_code == 400
+    assert service.arrivals == [[True]]
