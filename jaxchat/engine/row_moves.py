@@ -3,7 +3,7 @@
 Contract: pure functions over a `step.DecodeState` (any NamedTuple with `cache_k`, `cache_v`, `counts`,
 `prompt_mask`), which `StepRunner` jits with the state donated. `cache_axis` is the cache buffers' batch
 axis; `chunks` how many leading chunk buffers of each layer a move touches (None: the whole cache; an int
-only for the unrolled layout, a tuple of layers each a tuple of chunks, where `StepRunner` checks that the
+only for the unrolled layout, a tuple of layers each a tuple of chunks (or empty), where `StepRunner` checks that the
 chunks end at its span buckets).
 - `leading_chunks(cache, chunks)`: the part of a cache tree a move touches.
 - `move_row(state, src, dst, ...)`: row `dst` := row `src`.

@@ -288,10 +288,11 @@ class StepRunner:
             out_shardings=(state_sh, rep),
         )
         # row moves copy the cache chunks below an extent bucket: in the unrolled layout of a positional cache
-        # (prefix reuse needs one) each layer is a tuple of chunks ending at the spans
+        # (prefix reuse needs one) each layer is a tuple of chunks ending at the spans, or empty (a layer that
+        # reads another's cache)
         self.move_extents = spans if model.layout == "unrolled" and model.prefix_reuse else (self.max_context,)
         if len(self.move_extents) > 1:
-            assert all(len(layer) == len(spans) for layer in (*cache_k, *cache_v)), "cache chunks must end at the spans"
+            assert all(len(layer) in (0, len(spans)) for layer in (*cache_k, *cache_v)), "chunks must end at the spans"
         self._moves, self._read_rows, self._write_rows = {}, {}, {}
         for extent in self.move_extents:
             layout = {"cache_axis": self._cache_axis,
