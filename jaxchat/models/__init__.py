@@ -5,9 +5,9 @@ Contract: see `jaxchat.models.base` for the forward/cache/layout interface the e
 `jaxchat.models.load` for `load_model` / `save_orbax`. Importing this package does not import jax.
 """
 
-from jaxchat.models.base import LoadedModel, StepModel, empty_cache, layer_cache, unstack_layers
+from jaxchat.models.base import LoadedModel, StepModel, new_pools, unstack_layers
 from jaxchat.models.config import FAMILIES, ModelConfig, ModelLoadError
 from jaxchat.models.load import load_model, save_orbax
 
-__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "StepModel", "empty_cache", "layer_cache",
+__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "StepModel", "new_pools",
            "load_model", "save_orbax", "unstack_layers"]

@@ -7,8 +7,8 @@ Contract:
   in_proj_z / in_proj_b / in_proj_a. Params keep HF's [out, in] layout (conv weight [conv_dim, kernel]).
 - Its per-row state (`state_shapes(cfg)`, a `base.RecurrentState` in float32) is the conv window (the last
   kernel - 1 conv inputs, [K-1, conv_dim]) and the matrix state [value_heads, key_head_dim, value_head_dim].
-  The layer's cache entry is (window, matrix) over the cache rows; the B token rows are rows
-  row_offset .. row_offset + B - 1. A row with a token at position 0 in this call starts from a zero state;
+  The layer's pool entry is (window, matrix) over every state slot; a uniform step's rows read and write
+  their own slots (`kv.read_slots`). A row with a token at position 0 in this call starts from a zero state;
   padding tokens (position < 0) neither enter the window nor move the matrix state (their conv input, key,
   beta and log-decay are zeroed: the state passes through unchanged).
 - Prefill (T > 1) runs the chunked delta rule (`chunk_delta_rule`: chunks of `CHUNK` tokens, within a
@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxchat.models.config import ModelConfig
-from jaxchat.models.layers import CacheSlot, param
+from jaxchat.models.kv import LayerKV, from_rows, read_slots, to_rows, write_slots
+from jaxchat.models.layers import param
 from jaxchat.models.quant import qeinsum
 
 CHUNK = 64
@@ -150,19 +151,16 @@ class GatedDeltaNet(nnx.Module):
         z = qeinsum("btd,fd->btf", x, self.in_z[...]).reshape(bsz, t, nv, dv)
         return mixed, z, jnp.einsum("btd,fd->btf", x, self.in_b[...]), jnp.einsum("btd,fd->btf", x, self.in_a[...])
 
-    def __call__(self, x, positions, cache, slot: CacheSlot):
-        (window_all, state_all), cv = cache
+    def __call__(self, x, cache, kv: LayerKV):
+        """x [1, T, d] over a uniform step; cache: every slot's (conv window, matrix state) -> (y, cache)."""
+        window_all, state_all = cache
+        x, positions = to_rows(x, kv), to_rows(kv.inputs.positions[None], kv)
         bsz, t, _ = x.shape
         nk, nv, dk, dv = self.nk, self.nv, self.dk, self.dv
-        own = window_all.shape[0] != bsz
-
-        def rows(a):
-            return jax.lax.dynamic_slice_in_dim(a, slot.row_offset, bsz, axis=0) if own else a
-
         valid = positions >= 0
         reset = jnp.any(positions == 0, axis=1)  # a sequence starts here: from a zero state
-        window = jnp.where(reset[:, None, None], 0.0, rows(window_all).astype(F32))
-        state = jnp.where(reset[:, None, None, None], 0.0, rows(state_all).astype(F32))
+        window = jnp.where(reset[:, None, None], 0.0, read_slots(window_all, kv).astype(F32))
+        state = jnp.where(reset[:, None, None, None], 0.0, read_slots(state_all, kv).astype(F32))
 
         mixed, z, b, a = self.project(x)
         mixed = jnp.where(valid[..., None], mixed, 0)
@@ -193,8 +191,4 @@ class GatedDeltaNet(nnx.Module):
         h = (self.norm[...] * h.astype(x.dtype)).astype(F32) * jax.nn.silu(z.astype(F32))
         y = qeinsum("btf,df->btd", h.astype(x.dtype).reshape(bsz, t, nv * dv), self.out[...])
 
-        window, state = window.astype(window_all.dtype), state.astype(state_all.dtype)
-        if own:
-            window = jax.lax.dynamic_update_slice_in_dim(window_all, window, slot.row_offset, axis=0)
-            state = jax.lax.dynamic_update_slice_in_dim(state_all, state, slot.row_offset, axis=0)
-        return y, ((window, state), cv)
+        return from_rows(y), (write_slots(window_all, window, kv), write_slots(state_all, state, kv))

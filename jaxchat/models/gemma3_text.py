@@ -14,7 +14,8 @@ from flax import nnx
 
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
-from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm
+from jaxchat.models.kv import LayerKV
+from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm
 from jaxchat.models.llama import attention_entries, global_entries, mlp_entries
 
 NORMS = {  # HF name -> param name
@@ -35,8 +36,8 @@ class GemmaBlock(nnx.Module):
         self.mlp = MLP(cfg, dtype)
         self.post_ffw_norm = RMSNorm(d, eps, dtype, gemma=True)
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, kv)
         x = x + self.post_attn_norm(h)
         x = x + self.post_ffw_norm(self.mlp(self.pre_ffw_norm(x)))
         return x, cache

@@ -36,21 +36,15 @@ from flax import nnx
 from jaxchat.models import moe, quant
 from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.entries import Entry
+from jaxchat.models.kv import LayerKV, StepInputs
 from jaxchat.models.layers import (
     MLP,
-    CacheSlot,
     CausalLM,
     apply_rope,
     attend,
-    attention_mask,
-    attention_span,
-    kv_io,
-    kv_read,
     param,
     rope_inv_freq,
     rope_tables,
-    take_logits_positions,
-    vocab_major_logits,
 )
 from jaxchat.models.quant import qeinsum
 
@@ -102,22 +96,20 @@ class Gemma4Attention(nnx.Module):
             self.v_norm = Norm(hd, eps, dtype, with_scale=False)
         self.groups = h // kv
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
-        """`cache` is this layer's own, or for a KV-shared layer its source layer's (read, returned as is)."""
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
+        """`cache` is this layer's own pool, or for a KV-shared layer its source layer's (read, returned as is)."""
         proj = qeinsum("btd,dkgh->btkgh", x, self.qkv[...])
         g = self.groups
         q = self.q_norm(proj[:, :, :, :g].reshape(*proj.shape[:2], -1, proj.shape[-1]))
         cos, sin = rope
         q = apply_rope(q, cos, sin)
-        span = mask.shape[-1]
         if self.shared:
-            keys, values = kv_read(cache, slot, x.shape[0], span)
+            k = v = None
         else:
             k = proj[:, :, :, g]
             v = k if self.k_eq_v else proj[:, :, :, g + 1]
-            k = apply_rope(self.k_norm(k), cos, sin)
-            cache, keys, values = kv_io(cache, k, self.v_norm(v), positions, slot, span)
-        out = attend(q, keys, values, mask, 1.0)
+            k, v = apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
+        cache, out = attend(kv, cache, q, k, v, scale=1.0)
         return qeinsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...]), cache
 
 
@@ -176,8 +168,8 @@ class Gemma4Block(nnx.Module):
             self.act = _act(cfg)
         self.layer_scalar = param((1,), ("norm",), dtype, 1.0)
 
-    def __call__(self, x, per_layer_input, rope, positions, cache, mask, slot: CacheSlot):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
+    def __call__(self, x, per_layer_input, rope, positions, cache, kv: LayerKV):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, kv)
         x = x + self.post_attn_norm(h)
         h = self.mlp(self.pre_ffw_norm(x))
         if self.moe:
@@ -196,9 +188,6 @@ class Model(CausalLM):
     """The listed-layers causal LM: its own forward loop (per-layer inputs, KV sharing, two head shapes)."""
 
     stacked = False
-    # its KV-shared layers keep only the logits positions of each row (`_keep`), which a mixed step's one
-    # row of decode tokens and chunks does not fit: new prompts are prefilled in programs of their own
-    mixed_steps = False
 
     @classmethod
     def block_for(cls, cfg: ModelConfig, i: int, dtype):
@@ -231,58 +220,54 @@ class Model(CausalLM):
         proj = self.per_layer_projection_norm(proj.reshape(*proj.shape[:2], n, p))
         return (proj + ple.reshape(*ple.shape[:2], n, p)) * jnp.asarray(2.0 ** -0.5, proj.dtype)
 
-    def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None,
-                 attend_len=None, head_vd=None):
-        """Over the per-layer cache (`base.layer_cache` from `cache_dims`: empty for KV-shared layers); see
-        `base.LoadedModel.forward`. `layer_states` is not used: a listed model's params hold its layers."""
+    def __call__(self, tokens, pools, step: StepInputs, backend, uniform=None, logits_index=None, layer_states=None,
+                 head_vd=None):
+        """Over the per-layer pools (empty for KV-shared layers); see `base.LoadedModel.forward`. `layer_states`
+        is not used: a listed model's params hold its layers. With `logits_index` (one position per step row,
+        that row's last token), the KV-shared layers, which write nothing, run on those positions only (as
+        transformers' `logits_to_keep` slicing does): a one-token step over the same rows' pages."""
         cfg = self.config
         table = self.embed[...]
-        x = jnp.moveaxis(quant.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
+        x = jnp.moveaxis(quant.take(table, tokens[None], axis=1), 0, -1)  # [d, 1, T] -> [1, T, d]
         x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        pli = self.per_layer_inputs(tokens, x) if cfg.per_layer_input_size else None
-        s = attention_span(cache_v, attend_len, per_layer=True)
+        pli = self.per_layer_inputs(tokens[None], x) if cfg.per_layer_input_size else None
         local_hd = cfg.head_dim
         global_hd = cfg.global_head_dim or cfg.head_dim
-        ropes = (rope_tables(positions, rope_inv_freq(global_hd, cfg.rope_theta, cfg.rope_scaling)),
-                 rope_tables(positions, rope_inv_freq(local_hd, cfg.rope_local_base_freq or cfg.rope_theta, None)))
-        masks = (attention_mask(positions, s, None), attention_mask(positions, s, cfg.sliding_window))
-        slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True)
-        cks, cvs = list(cache_k), list(cache_v)
+
+        def ropes_at(positions):
+            return (rope_tables(positions, rope_inv_freq(global_hd, cfg.rope_theta, cfg.rope_scaling)),
+                    rope_tables(positions, rope_inv_freq(local_hd, cfg.rope_local_base_freq or cfg.rope_theta, None)))
+
+        positions = step.positions[None]
+        ropes = ropes_at(positions)
+        kv = LayerKV(backend.begin(step, uniform), None, step)
+        out = list(pools)
         for i, block in enumerate(self.layers):
             j = 1 if cfg.is_sliding[i] else 0
             src = cfg.kv_sources[i]
-            if src is not None and logits_index is not None and x.shape[1] > 1:
-                # KV-shared layers write no cache: from here on only the position whose logits are
-                # wanted matters (as transformers' `logits_to_keep` slicing); every input follows it
-                x, pli, positions, ropes, masks = _keep(logits_index, x, pli, positions, ropes, masks)
-                logits_index = jnp.zeros_like(logits_index)
+            if src is not None and logits_index is not None:
+                step = kept_step(step, logits_index)
+                x, pli = jnp.take(x, logits_index, axis=1), None if pli is None else jnp.take(pli, logits_index, axis=1)
+                positions = step.positions[None]
+                ropes = ropes_at(positions)
+                kv = LayerKV(backend.begin(step, (logits_index.shape[0], 1)), None, step)
+                logits_index = None
             own = i if src is None else src
-            x, (ck, cv) = block(x, None if pli is None else pli[:, :, i], ropes[j], positions,
-                                (cks[own], cvs[own]), masks[j], slot)
+            layer_kv = kv._replace(window=cfg.sliding_window if cfg.is_sliding[i] else None)
+            x, pool = block(x, None if pli is None else pli[:, :, i], ropes[j], positions, out[own], layer_kv)
             if src is None:
-                cks[i], cvs[i] = ck, cv
-        if logits_index is not None:  # only the needed position per row: [B, 1, D]
-            x = take_logits_positions(x, logits_index)
-        x = self.final_norm(x)
-        if head_vd is not None:
-            logits = vocab_major_logits(x, head_vd)
-        else:
-            head = table if cfg.tie_word_embeddings else self.lm_head[...]
-            logits = qeinsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
-        if cfg.final_logit_softcapping is not None:
-            cap = cfg.final_logit_softcapping
-            logits = jnp.tanh(logits / cap) * cap
-        return logits.astype(jnp.float32), tuple(cks), tuple(cvs)
+                out[i] = pool
+        return self.head(x, logits_index, head_vd), tuple(out)
 
 
-def _keep(index, *trees):
-    """Every array of `trees` ([B, T, ...]) at step index[b] of each row b: [B, 1, ...]."""
-    idx = index.astype(jnp.int32)
-
-    def one(a):
-        return jnp.take_along_axis(a, idx.reshape(-1, *([1] * (a.ndim - 1))), axis=1)
-
-    return tuple(jax.tree.map(one, t) for t in trees)
+def kept_step(step: StepInputs, index) -> StepInputs:
+    """The step cut to one token per row, the token at index[row] (its last): positions (padding rows: -1),
+    one query per row, nothing written."""
+    rows = jnp.arange(index.shape[0], dtype=jnp.int32)
+    live = rows < step.num_rows[0]
+    return step._replace(positions=jnp.where(live, jnp.take(step.positions, index), -1), token_rows=rows,
+                         cu_q_lens=jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(live.astype(jnp.int32))]),
+                         write_slots=jnp.full(index.shape, -1, jnp.int32))
 
 
 NORMS = {  # HF name -> param name

@@ -20,7 +20,8 @@ from flax import nnx
 from jaxchat.models import moe
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
-from jaxchat.models.layers import Attention, CacheSlot, CausalLM, RMSNorm, param
+from jaxchat.models.kv import LayerKV
+from jaxchat.models.layers import Attention, CausalLM, RMSNorm, param
 from jaxchat.models.llama import attention_entries, global_entries
 
 
@@ -64,8 +65,8 @@ class GptOssBlock(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.experts = Experts(cfg, dtype)
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, kv)
         x = x + h
         x = x + self.experts(self.post_attn_norm(x))
         return x, cache

@@ -20,19 +20,16 @@ Contract:
 - Attention optionally adds q/k/v biases (`attention_bias`), an o bias (`o_bias`) and, with
   `attention_sinks`, a learned per-head logit (param `sinks`, axis "heads") that joins the softmax
   denominator only (gpt-oss): probs = exp(s) / (sum exp(s) + exp(sink)).
-- Attention writes the new k/v into its layer of the cache (scatter; positions < 0 dropped) and
-  attends to that layer's cache under a [B, T, S] boolean mask, softmax in float32; with
-  `attend_len=S'` (static, larger than every position in the batch) only the first S' cache positions
-  are read (`attention_span`: whole chunks of a per-layer chunked cache, which are the only ones written).
-  Where a block reads and writes the cache is a `CacheSlot` (stacked-cache layer, row offset, per-layer
-  cache or not). `kv_read` reads a cache without writing (a KV-shared layer reads its source layer's);
-  `attend` is the attention over those keys and values, given the queries.
+- Attention hands its roped q and new k/v to the step's attention (`kv.StepAttention`, an engine backend):
+  it writes them into the layer's pages of the pool and attends each token over its own row's positions up
+  to its own (sliding layers: within the window), softmax in float32. `attend` is that call for one layer;
+  the forward (`CausalLM.__call__`) runs over a flat step of T tokens ([1, T, d] activations), and the final
+  norm and lm head run only at `logits_index` (the rows' sampled positions).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,20 +38,10 @@ from flax import nnx
 
 from jaxchat.models import quant
 from jaxchat.models.config import ModelConfig
+from jaxchat.models.kv import LayerKV, StepInputs
 from jaxchat.models.quant import qeinsum
 
 NEG = -1e30
-
-
-class CacheSlot(NamedTuple):
-    """Where one layer's attention reads and writes the cache (see `kv_io`)."""
-
-    layer: Any  # index into a stacked cache [L, Bc, S, KV, D] (int or traced int32); None with per_layer
-    row_offset: Any  # the B token rows are cache rows row_offset .. row_offset + B - 1 (int or traced int32)
-    per_layer: bool  # the cache is this layer's own (`base.layer_cache`): tuples of position chunks
-    # a mixed step (static (B, K, C)): the token axis [1, B + K*C] holds B decode tokens, one per cache row
-    # 0..B-1, then K chunks of C tokens for cache rows row_offset .. row_offset + K - 1 (`attend_cached`)
-    mixed: tuple[int, int, int] | None = None
 
 
 def param(shape, axes, dtype, init=0.0, contract: tuple[int, ...] | None = None) -> nnx.Param:
@@ -171,30 +158,6 @@ def apply_rope(x, cos, sin):
     return out.astype(x.dtype)
 
 
-def attention_span(cache_v, attend_len=None, per_layer: bool = False) -> int:
-    """Cache positions attention reads: all of them, or with `attend_len` (every position in the batch is
-    below it) the first attend_len, rounded up to whole chunks for a per-layer chunked cache (`per_layer`)."""
-    if not per_layer:  # stacked [L, B, S, KV, D]
-        return cache_v.shape[2] if attend_len is None else min(cache_v.shape[2], int(attend_len))
-    span = 0
-    chunks = next((layer for layer in cache_v if layer), ())  # the first layer with a KV cache
-    for w in (c.shape[2] for c in chunks):
-        if attend_len is not None and span >= attend_len:
-            break
-        span += w
-    return span
-
-
-def attention_mask(positions, cache_len: int, window: int | None):
-    """Boolean [B, T, S]: cache position p is visible to the token at q iff p <= q (and p > q - window)."""
-    p = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
-    q = positions[:, :, None]
-    mask = (p <= q) & (q >= 0)
-    if window is not None:
-        mask = mask & (p > q - window)
-    return mask
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, dtype, gemma_norm: bool = False):
         d, h, kv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -220,7 +183,7 @@ class Attention(nnx.Module):
         self.softcap = cfg.attn_logit_softcapping
         self.groups = h // kv
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
         qkv = qeinsum("btd,dkgh->btkgh", x, self.qkv[...])
         if self.has_bias:
             qkv = qkv + self.qkv_bias[...]
@@ -232,134 +195,20 @@ class Attention(nnx.Module):
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         sinks = self.sinks[...] if self.has_sinks else None
-        cache, out = attend_cached(q, k, v, positions, cache, mask, slot,
-                                   lambda *a: attend(*a, self.scale, self.softcap, sinks))
+        cache, out = attend(kv, cache, q, k, v, scale=self.scale, softcap=self.softcap, sinks=sinks)
         out = qeinsum("bthk,hkd->btd", out.astype(x.dtype), self.o[...])
         if self.has_o_bias:
             out = out + self.o_bias[...]
         return out, cache
 
 
-def attend_cached(q, k, v, positions, cache, mask, slot: CacheSlot, attend_fn):
-    """Write k/v [B, T, KV, D] into the cache (`kv_io`) and return (cache, attend_fn(q, keys, values, mask)),
-    attending over the first mask.shape[-1] cache positions.
-
-    For a mixed step (`slot.mixed` = (B, K, C), every array's token axis [1, B + K*C]) the two parts are
-    written and attended separately, decode rows first: the B decode tokens as [B, 1] over cache rows
-    0..B-1, then the chunks as [K, C] over rows slot.row_offset.. (which hold no decoding token: their
-    decode positions are padding). Only attention is split; every other op of the layer runs on all
-    B + K*C tokens at once, so the weights are read once for both."""
-    span = mask.shape[-1]
-    if slot.mixed is None:
-        cache, keys, values = kv_io(cache, k, v, positions, slot, span)
-        return cache, attend_fn(q, keys, values, mask)
-    b, kc, c = slot.mixed
-    outs = []
-    for start, rows, cols, part in ((0, b, 1, slot._replace(row_offset=0, mixed=None)),
-                                    (b, kc, c, slot._replace(mixed=None))):
-        def cut(a, start=start, rows=rows, cols=cols):
-            return a[0, start:start + rows * cols].reshape(rows, cols, *a.shape[2:])
-
-        cache, keys, values = kv_io(cache, cut(k), cut(v), cut(positions), part, span)
-        out = attend_fn(cut(q), keys, values, cut(mask))
-        outs.append(out.reshape(1, rows * cols, *out.shape[2:]))
-    return cache, jnp.concatenate(outs, axis=1)
-
-
-def attend(q, keys, values, mask, scale: float, softcap: float | None = None, sinks=None):
-    """Attention of queries q [B, T, H, D] over the position chunks of `kv_io` / `kv_read` (keys
-    [B, KV, D, w], values [B, KV, w, D]) under mask [B, T, S]: softmax in float32 -> [B, T, H, D]. With
-    `sinks` [H] (gpt-oss) each head's sink logit joins the softmax denominator only."""
-    b, t, h, hd = q.shape
-    kvh = keys[0].shape[1]
-    g = h // kvh
-    # queries grouped per kv head: [B, KV, G*T, D]; batched matmuls with (B, KV) as batch dims, one per
-    # cache chunk (keys [B, KV, D, w], values [B, KV, w, D]), the scores concatenated along positions
-    qg = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
-    batch = ((0, 1), (0, 1))
-    scores = jnp.concatenate([jax.lax.dot_general(qg, kc.astype(q.dtype), (((3,), (2,)), batch),
-                                                  preferred_element_type=jnp.float32) for kc in keys],
-                             axis=-1) * scale  # [B, KV, G*T, S]
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
-    scores = scores.reshape(b, kvh, g, t, -1)
-    scores = jnp.where(mask[:, None, None, :, :], scores, NEG)
-    if sinks is not None:  # exp(s - logaddexp(logsumexp(s), sink))
-        lse = jnp.logaddexp(jax.nn.logsumexp(scores, axis=-1, keepdims=True),
-                            sinks.astype(jnp.float32).reshape(1, kvh, g, 1, 1))
-        probs = jnp.exp(scores - lse)
-    else:
-        probs = jax.nn.softmax(scores, axis=-1)
-    probs = probs.astype(values[0].dtype).reshape(b, kvh, g * t, -1)
-    out, start = None, 0
-    for vc in values:
-        w = vc.shape[2]
-        part = jax.lax.dot_general(probs[..., start:start + w], vc, (((3,), (2,)), batch))  # [B, KV, G*T, D]
-        out, start = part if out is None else out + part, start + w
-    return out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, kvh * g, hd)
-
-
-def kv_read(cache, slot: CacheSlot, batch: int, span):
-    """The keys and values of `kv_io` (lists of position chunks over the first `span` positions, rows
-    slot.row_offset .. + batch - 1) read from `cache` without writing to it."""
-    ck, cv = cache
-
-    def own_rows(x):
-        return x if x.shape[0] == batch else jax.lax.dynamic_slice_in_dim(x, slot.row_offset, batch, axis=0)
-
-    if not slot.per_layer:
-        keys, values = own_rows(ck[slot.layer]), own_rows(cv[slot.layer])  # [B, S, KV, D]
-        return [keys.transpose(0, 2, 3, 1)[..., :span]], [values.transpose(0, 2, 1, 3)[:, :, :span]]
-    keys, values, start = [], [], 0
-    for kc, vc in zip(ck, cv, strict=True):
-        if start >= span:
-            break
-        keys.append(own_rows(kc))
-        values.append(own_rows(vc))
-        start += vc.shape[2]
-    return keys, values
-
-
-def kv_io(cache, k, v, positions, slot: CacheSlot, span):
-    """Write the new k/v [B, T, KV, D] into the cache and return (cache, keys, values) of the B rows over
-    the first `span` positions: keys a list of [B, KV, D, w] and values of [B, KV, w, D] arrays, one per
-    position chunk (their widths add up to span).
-
-    `slot.layer` indexes a stacked cache [L, Bc, S, KV, D]; with `slot.per_layer` the cache is one layer's
-    (`base.layer_cache`): tuples of chunks, keys [Bc, KV, D, w] and values [Bc, KV, w, D], of which only
-    those starting below span are written and returned (every position is below span). The B token rows
-    are the cache rows slot.row_offset .. slot.row_offset + B - 1. Padding positions (< 0) write nothing.
-    """
-    row_offset = slot.row_offset
-    ck, cv = cache
-    b, t = positions.shape
-    rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None] + row_offset, (b, t))
-    dtype = (cv[0] if slot.per_layer else cv).dtype
-    k, v = k.astype(dtype), v.astype(dtype)
-
-    def own_rows(x):
-        return x if x.shape[0] == b else jax.lax.dynamic_slice_in_dim(x, row_offset, b, axis=0)
-
-    if slot.per_layer:
-        ck, cv, keys, values, start = list(ck), list(cv), [], [], 0
-        for i, w in enumerate(c.shape[2] for c in cv):
-            if start >= span:
-                break
-            # positions outside this chunk (and padding) go out of bounds and are dropped
-            cols = jnp.where((positions >= start) & (positions < start + w), positions - start, w)
-            ck[i] = ck[i].at[rows, :, :, cols].set(k, mode="drop")  # keys stored transposed
-            cv[i] = cv[i].at[rows, :, cols].set(v, mode="drop")
-            keys.append(own_rows(ck[i]))
-            values.append(own_rows(cv[i]))
-            start += w
-        return (tuple(ck), tuple(cv)), keys, values
-    s = ck.shape[2]
-    cols = jnp.where(positions < 0, s, positions)  # padding goes out of bounds and is dropped
-    ck = ck.at[slot.layer, rows, cols].set(k, mode="drop")
-    cv = cv.at[slot.layer, rows, cols].set(v, mode="drop")
-    keys, values = own_rows(ck[slot.layer]), own_rows(cv[slot.layer])  # [B, S, KV, D]
-    keys, values = keys.transpose(0, 2, 3, 1)[..., :span], values.transpose(0, 2, 1, 3)[:, :, :span]
-    return (ck, cv), [keys], [values]
+def attend(kv: LayerKV, cache, q, k, v, *, scale: float, softcap: float | None = None, sinks=None):
+    """The step's attention for one layer (`kv.step.attend`): q [1, T, H, D], k/v [1, T, KV, D] (None: read
+    only, a KV-shared layer) -> (cache, out [1, T, H, D]); the layer's window and local flag from `kv`."""
+    extra = {} if kv.local is None else {"local": kv.local}
+    cache, out = kv.step.attend(cache, kv.layer, q[0], None if k is None else k[0], None if v is None else v[0],
+                                scale=scale, window=kv.window, softcap=softcap, sinks=sinks, **extra)
+    return cache, out[None]
 
 
 class MLP(nnx.Module):
@@ -399,44 +248,42 @@ def make_stack(cfg: ModelConfig, block_cls, dtype):
     return build()
 
 
-def run_stack(layers, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0, layer_states=None,
-              mixed=None):
-    """Run the blocks. ropes/masks: (global, local) pairs; sliding: bool per layer.
+def run_stack(layers, x, positions, pools, ropes, kv: LayerKV, sliding, window, layer_states=None):
+    """Run the blocks. ropes: (global, local) pairs; sliding: bool per layer; window: the sliding layers' window.
 
-    With stacked params (`layer_states` None) the blocks are scanned over the stacked cache; with
-    `layer_states` (a tuple of per-layer param dicts) the loop is unrolled in Python over the per-layer
-    cache (`base.layer_cache`: per layer a tuple of position chunks), so every layer's weights and cache
-    are their own buffers (no per-layer dynamic slice, which copies them on CPU).
+    With stacked params (`layer_states` None) the blocks are scanned over the stacked pool (the layer's index
+    into it in `LayerKV.layer`; a stack with both kinds of layers picks the window per layer at run time,
+    `LayerKV.local`); with `layer_states` (a tuple of per-layer param dicts) the loop is unrolled in Python
+    over per-layer pools, so every layer's weights and pages are their own buffers (no per-layer dynamic
+    slice, which copies them on CPU).
     """
     graphdef, state = nnx.split(layers)
-    n = len(sliding)
     if layer_states is not None:
         blocks = [nnx.merge(graphdef, st) for st in layer_states]
-        return run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset, mixed)
+        return run_listed(blocks, x, positions, pools, ropes, kv, sliding, window)
+    both = any(sliding) and not all(sliding)
 
     def body(carry, xs):
-        h, ck, cv = carry
+        h, pool = carry
         st, idx, is_local = xs
         block = nnx.merge(graphdef, st)
         rope = tuple(jnp.where(is_local, a, b) for a, b in zip(ropes[1], ropes[0], strict=True))
-        mask = jnp.where(is_local, masks[1], masks[0])
-        slot = CacheSlot(layer=idx, row_offset=row_offset, per_layer=False, mixed=mixed)
-        h, (ck, cv) = block(h, rope, positions, (ck, cv), mask, slot)
-        return (h, ck, cv), None
+        layer_kv = kv._replace(layer=idx, window=window if any(sliding) else None, local=is_local if both else None)
+        h, pool = block(h, rope, positions, pool, layer_kv)
+        return (h, pool), None
 
-    xs = (state, jnp.arange(n, dtype=jnp.int32), jnp.asarray(sliding, dtype=bool))
-    (x, cache_k, cache_v), _ = jax.lax.scan(body, (x, cache_k, cache_v), xs)
-    return x, cache_k, cache_v
+    xs = (state, jnp.arange(len(sliding), dtype=jnp.int32), jnp.asarray(sliding, dtype=bool))
+    (x, pools), _ = jax.lax.scan(body, (x, pools), xs)
+    return x, pools
 
 
-def run_listed(blocks, x, positions, cache_k, cache_v, ropes, masks, sliding, row_offset=0, mixed=None):
-    """Run a listed family's blocks in order over their per-layer caches (see `run_stack`'s unrolled loop)."""
-    cks, cvs = list(cache_k), list(cache_v)
-    slot = CacheSlot(layer=None, row_offset=row_offset, per_layer=True, mixed=mixed)
+def run_listed(blocks, x, positions, pools, ropes, kv: LayerKV, sliding, window):
+    """Run blocks in order over their per-layer pools (see `run_stack`'s unrolled loop)."""
+    out = list(pools)
     for i, block in enumerate(blocks):
         j = 1 if sliding[i] else 0
-        x, (cks[i], cvs[i]) = block(x, ropes[j], positions, (cks[i], cvs[i]), masks[j], slot)
-    return x, tuple(cks), tuple(cvs)
+        x, out[i] = block(x, ropes[j], positions, out[i], kv._replace(window=window if sliding[i] else None))
+    return x, tuple(out)
 
 
 class CausalLM(nnx.Module):
@@ -452,7 +299,6 @@ class CausalLM(nnx.Module):
     block_cls: type = None  # set by the family module
     gemma = False
     stacked = True
-    mixed_steps = True  # the forward takes `mixed` (every layer's attention goes through `attend_cached`)
 
     @classmethod
     def is_stacked(cls, cfg: ModelConfig) -> bool:
@@ -483,55 +329,48 @@ class CausalLM(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = param((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype, contract=(0,))
 
-    def __call__(self, tokens, positions, cache_k, cache_v, row_offset=0, logits_index=None, layer_states=None,
-                 attend_len=None, head_vd=None, mixed=None):
+    def __call__(self, tokens, pools, step: StepInputs, backend, uniform=None, logits_index=None, layer_states=None,
+                 head_vd=None):
         cfg = self.config
         table = self.embed[...]
-        x = jnp.moveaxis(quant.take(table, tokens, axis=1), 0, -1)  # [d, B, T] -> [B, T, d]
+        x = jnp.moveaxis(quant.take(table, tokens[None], axis=1), 0, -1)  # [d, 1, T] -> [1, T, d]
         if self.gemma:
             x = x * jnp.asarray(math.sqrt(cfg.hidden_size), table.dtype)
-        s = attention_span(cache_v, attend_len, per_layer=layer_states is not None or not self.stacked)
+        positions = step.positions[None]
         glob = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
                            rope_attention_factor(cfg.rope_scaling))
         local_theta = cfg.rope_local_base_freq or cfg.rope_theta
         local = rope_tables(positions, rope_inv_freq(cfg.head_dim, local_theta, None)) if self.gemma else glob
-        mask_g = attention_mask(positions, s, None)
-        mask_l = attention_mask(positions, s, cfg.sliding_window) if cfg.sliding_window else mask_g
+        kv = LayerKV(backend.begin(step, uniform), None, step)
         if self.stacked:
-            x, cache_k, cache_v = run_stack(self.layers, x, positions, cache_k, cache_v, (glob, local),
-                                            (mask_g, mask_l), cfg.is_sliding, row_offset, layer_states, mixed)
+            x, pools = run_stack(self.layers, x, positions, pools, (glob, local), kv, cfg.is_sliding,
+                                 cfg.sliding_window, layer_states)
         else:
-            x, cache_k, cache_v = run_listed(self.layers, x, positions, cache_k, cache_v, (glob, local),
-                                             (mask_g, mask_l), cfg.is_sliding, row_offset, mixed)
-        if logits_index is not None:
-            x = take_logits_positions(x, logits_index)
+            x, pools = run_listed(self.layers, x, positions, pools, (glob, local), kv, cfg.is_sliding,
+                                  cfg.sliding_window)
+        return self.head(x, logits_index, head_vd), pools
+
+    def head(self, x, logits_index, head_vd):
+        """Final norm and lm head over x [1, T, d] at `logits_index` [N] (None: every token) -> f32 [N, V]."""
+        cfg = self.config
+        x = x[0] if logits_index is None else jnp.take(x[0], logits_index, axis=0)
         x = self.final_norm(x)
         if head_vd is not None:
             logits = vocab_major_logits(x, head_vd)
-        elif cfg.tie_word_embeddings:
-            logits = qeinsum("btd,dv->btv", x, table, preferred_element_type=jnp.float32)
         else:
-            logits = qeinsum("btd,dv->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
+            head = self.embed[...] if cfg.tie_word_embeddings else self.lm_head[...]
+            logits = qeinsum("nd,dv->nv", x, head, preferred_element_type=jnp.float32)
         if cfg.final_logit_softcapping is not None:
             cap = cfg.final_logit_softcapping
             logits = jnp.tanh(logits / cap) * cap
-        return logits.astype(jnp.float32), cache_k, cache_v
-
-
-def take_logits_positions(x, index):
-    """x [B, T, d] at the steps whose logits are wanted: index int32[B] gives one step per row, [B, 1, d];
-    index int32[B, N] gives N steps per row, [B, N, d] (a mixed step's decode tokens and chunk ends)."""
-    idx = index.astype(jnp.int32)
-    idx = idx[:, None, None] if idx.ndim == 1 else idx[:, :, None]
-    return jnp.take_along_axis(x, idx, axis=1)
+        return logits.astype(jnp.float32)
 
 
 def vocab_major_logits(x, head_vd):
-    """Logits [B, T, V] from x [B, T, d] and the lm head stored vocab-major, head_vd [V, d].
+    """Logits [N, V] from x [N, d] and the lm head stored vocab-major, head_vd [V, d].
 
-    Computed as head_vd . x^T -> [V, B*T] and transposed after an optimization barrier: for several rows
+    Computed as head_vd . x^T -> [V, N] and transposed after an optimization barrier: for several rows
     XLA:CPU runs this ~1.5x faster than x . [d, V], but only while the transpose stays a separate copy
     (folded into the dot it picks the slow kernel again)."""
-    b, t, d = x.shape
-    lt = qeinsum("vd,nd->vn", head_vd, x.reshape(b * t, d), preferred_element_type=jnp.float32)
-    return jax.lax.optimization_barrier(lt).T.reshape(b, t, -1)
+    lt = qeinsum("vd,nd->vn", head_vd, x, preferred_element_type=jnp.float32)
+    return jax.lax.optimization_barrier(lt).T

@@ -7,9 +7,9 @@ is `layers.Attention` with per-head q/k RMSNorm and rope; the final norm is HF's
 
 The short conv (`ShortConv`): in_proj -> B, C, x (per channel); u = B * x; a depthwise causal conv of u over
 the time axis with window L = `conv_kernel_size`; y = out_proj(C * conv). Its per-row state is the last L-1
-inputs u, kept channel-major [batch, hidden, L-1] as the layer's `RecurrentState` (the layer's cache_k entry;
-its channel axis is the one the engine shards, like kv heads). The forward reads and writes cache rows
-row_offset .. row_offset+B-1; a row with a token at position 0 in this call starts from a zero state; tokens
+inputs u, kept channel-major [slots, hidden, L-1] as the layer's `RecurrentState` (the layer's pool entry;
+its channel axis is the one the engine shards, like kv heads). The forward reads and writes the step rows'
+state slots (`kv.read_slots`) over a uniform step; a row with a token at position 0 starts from a zero state; tokens
 at position -1 (padding) read as zero inputs and never enter the state, which ends at each row's last
 valid token. Prefill and decode are the same vectorised code (L shifted products, no loop over tokens).
 """
@@ -24,7 +24,8 @@ from jaxchat.models import llama
 from jaxchat.models.base import RecurrentState
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
-from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm, param
+from jaxchat.models.kv import LayerKV, from_rows, read_slots, to_rows, write_slots
+from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm, param
 from jaxchat.models.llama import attention_entries
 from jaxchat.models.quant import qeinsum
 
@@ -46,8 +47,10 @@ class ShortConv(nnx.Module):
         self.has_bias = cfg.conv_bias
         self.window = k
 
-    def __call__(self, x, positions, state, row_offset):
-        """x [B, T, d]; state: the cache rows' conv inputs [Bc, d, L-1] -> (y [B, T, d], new state)."""
+    def __call__(self, x, state_all, kv: LayerKV):
+        """x [1, T, d] (a uniform step, `kv.to_rows`); state_all: every slot's conv inputs [slots, d, L-1] ->
+        (y [1, T, d], state_all with the rows' new states)."""
+        x, positions = to_rows(x, kv), to_rows(kv.inputs.positions[None], kv)
         b, t = positions.shape
         k = self.window
         valid = positions >= 0
@@ -56,7 +59,7 @@ class ShortConv(nnx.Module):
             h = h + self.in_bias[...]
         gate_b, gate_c, xs = h[:, :, 0], h[:, :, 1], h[:, :, 2]
         u = jnp.where(valid[..., None], gate_b * xs, 0).astype(x.dtype)  # padding: zero input
-        own = state if state.shape[0] == b else jax.lax.dynamic_slice_in_dim(state, row_offset, b, axis=0)
+        own = read_slots(state_all, kv)
         fresh = jnp.any(positions == 0, axis=1)  # the row (re)starts here: no state from before
         own = jnp.where(fresh[:, None, None], jnp.zeros((), own.dtype), own)
         seq = jnp.concatenate([jnp.swapaxes(own, 1, 2).astype(u.dtype), u], axis=1)  # [B, L-1+T, d]
@@ -70,10 +73,8 @@ class ShortConv(nnx.Module):
         # the new state: the L-1 inputs ending at each row's last valid token (none: the old state)
         last = jnp.max(jnp.where(valid, jnp.arange(t, dtype=jnp.int32)[None], -1), axis=1)
         idx = last[:, None] + 1 + jnp.arange(k - 1, dtype=jnp.int32)[None]  # indices into seq
-        new = jnp.swapaxes(jnp.take_along_axis(seq, idx[:, :, None], axis=1), 1, 2).astype(state.dtype)
-        if state.shape[0] == b:
-            return y, new
-        return y, jax.lax.dynamic_update_slice_in_dim(state, new, row_offset, axis=0)
+        new = jnp.swapaxes(jnp.take_along_axis(seq, idx[:, :, None], axis=1), 1, 2)
+        return from_rows(y), write_slots(state_all, new, kv)
 
 
 class Lfm2Block(nnx.Module):
@@ -88,14 +89,14 @@ class Lfm2Block(nnx.Module):
         self.feed_forward = ffn
         self.attention = attention
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
         h = self.operator_norm(x)
         if self.attention:
-            h, cache = self.attn(h, rope, positions, cache, mask, slot)
+            h, cache = self.attn(h, rope, positions, cache, kv)
         else:
-            (state,), values = cache
-            h, state = self.conv(h, positions, state, slot.row_offset)
-            cache = ((state,), values)
+            (state,) = cache
+            h, state = self.conv(h, state, kv)
+            cache = (state,)
         x = x + h
         x = x + self.feed_forward(self.ffn_norm(x))
         return x, cache

@@ -11,7 +11,8 @@ from flax import nnx
 
 from jaxchat.models.config import ModelConfig
 from jaxchat.models.entries import Entry
-from jaxchat.models.layers import MLP, Attention, CacheSlot, CausalLM, RMSNorm
+from jaxchat.models.kv import LayerKV
+from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm
 
 
 class LlamaBlock(nnx.Module):
@@ -23,8 +24,8 @@ class LlamaBlock(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = self.mlp_cls(cfg, dtype)
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
-        h, cache = self.attn(self.input_norm(x), rope, positions, cache, mask, slot)
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
+        h, cache = self.attn(self.input_norm(x), rope, positions, cache, kv)
         x = x + h
         x = x + self.mlp(self.post_attn_norm(x))
         return x, cache

@@ -6,7 +6,7 @@ Contract:
 - Blocks: x + mixer(input_norm(x)); x + ffn(post_attn_norm(x)), every RMSNorm of the block, the q/k norms
   and the final norm scaling by (1 + w) (HF's zero-centred weights); the gated RMSNorm of DeltaNet by w.
 - Gated attention: q_proj gives per head [query, gate]; q/k RMSNorm per head, rope on the first
-  head_dim * partial_rotary_factor dims (half-split layout), GQA over the per-layer KV cache (`kv_io`),
+  head_dim * partial_rotary_factor dims (half-split layout), GQA over the step's paged attention (`layers.attend`),
   scale head_dim ** -0.5, the output times sigmoid(gate) before o_proj.
 - Routed experts (`SparseMoE`): softmax top-k (renormalised if `norm_topk_prob`) through `moe`, plus a shared
   gated MLP scaled by sigmoid(shared_expert_gate(x)). A layer is routed when the family routes
@@ -33,14 +33,13 @@ from jaxchat.models.base import RecurrentState
 from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.deltanet import GatedDeltaNet, state_shapes
 from jaxchat.models.entries import Entry, listed
+from jaxchat.models.kv import LayerKV
 from jaxchat.models.layers import (
     MLP,
-    NEG,
-    CacheSlot,
     CausalLM,
     RMSNorm,
     apply_rope,
-    kv_io,
+    attend,
     param,
     rope_inv_freq,
     rope_tables,
@@ -67,10 +66,10 @@ class GatedAttention(nnx.Module):
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, dtype, gemma=True)
         self.config = cfg
 
-    def __call__(self, x, positions, cache, mask, slot: CacheSlot):
+    def __call__(self, x, positions, cache, kv: LayerKV):
         cfg = self.config
         b, t, _ = x.shape
-        h, kvh, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        h, hd = cfg.num_heads, cfg.head_dim
         qg = qeinsum("btd,dnh->btnh", x, self.q[...]).reshape(b, t, h, 2, hd)
         q, gate = self.q_norm(qg[:, :, :, 0]), qg[:, :, :, 1]
         k = self.k_norm(qeinsum("btd,dnh->btnh", x, self.k[...]))
@@ -79,22 +78,8 @@ class GatedAttention(nnx.Module):
         cos, sin = rope_tables(positions, rope_inv_freq(rd, cfg.rope_theta, cfg.rope_scaling))
         q = jnp.concatenate([apply_rope(q[..., :rd], cos, sin), q[..., rd:]], axis=-1)
         k = jnp.concatenate([apply_rope(k[..., :rd], cos, sin), k[..., rd:]], axis=-1)
-        cache, keys, values = kv_io(cache, k, v, positions, slot, mask.shape[-1])
-        g = h // kvh
-        qs = q.reshape(b, t, kvh, g, hd).transpose(0, 2, 3, 1, 4).reshape(b, kvh, g * t, hd)
-        batch = ((0, 1), (0, 1))
-        scores = jnp.concatenate([jax.lax.dot_general(qs, kc.astype(q.dtype), (((3,), (2,)), batch),
-                                                      preferred_element_type=jnp.float32) for kc in keys],
-                                 axis=-1) * hd ** -0.5
-        scores = jnp.where(mask[:, None, None, :, :], scores.reshape(b, kvh, g, t, -1), NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values[0].dtype).reshape(b, kvh, g * t, -1)
-        out, start = None, 0
-        for vc in values:
-            w = vc.shape[2]
-            part = jax.lax.dot_general(probs[..., start:start + w], vc, (((3,), (2,)), batch))
-            out, start = part if out is None else out + part, start + w
-        out = out.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, h, hd).astype(x.dtype)
-        out = out * jax.nn.sigmoid(gate)
+        cache, out = attend(kv, cache, q, k, v, scale=hd ** -0.5)
+        out = out.astype(x.dtype) * jax.nn.sigmoid(gate)
         return qeinsum("bthk,hkd->btd", out, self.o[...]), cache
 
 
@@ -137,12 +122,12 @@ class HybridBlock(nnx.Module):
         self.post_attn_norm = RMSNorm(d, eps, dtype, gemma=True)
         self.mlp = SparseMoE(cfg, dtype) if routed else MLP(cfg, dtype)
 
-    def __call__(self, x, rope, positions, cache, mask, slot: CacheSlot):
+    def __call__(self, x, rope, positions, cache, kv: LayerKV):
         h = self.input_norm(x)
         if self.linear:
-            h, cache = self.linear_attn(h, positions, cache, slot)
+            h, cache = self.linear_attn(h, cache, kv)
         else:
-            h, cache = self.attn(h, positions, cache, mask, slot)
+            h, cache = self.attn(h, positions, cache, kv)
         x = x + h
         return x + self.mlp(self.post_attn_norm(x)), cache
 

@@ -7,7 +7,7 @@ the experts' "mlp" axis is then not split over 'tp' as well); anything else (and
 dimension) is replicated. An int8 weight (`quant.Int8Weight`) gets the weight's spec for its values and for
 its scale, whose reduced (size 1) axes are replicated, so each device holds the scales of its own channels.
 The layer axis of stacked params is never sharded. The same specs serve 1 device
-(a mesh without 'tp', or tp = 1) and many. The KV cache [L, B, S, KV, D] shards KV heads over 'tp'
+(a mesh without "tp", or tp = 1) and many.
 and the batch over 'dp' when the mesh has such an axis.
 """
 
@@ -91,10 +91,3 @@ def param_partition_specs(cfg: ModelConfig, params: dict, mesh) -> dict:
         return spec_for(a, tuple(p.shape), mesh)
 
     return walk(params, axes)
-
-
-def cache_partition_spec(cfg: ModelConfig, mesh) -> P:
-    tp = _axis_size(mesh, "tp")
-    dp = "dp" if _axis_size(mesh, "dp") > 1 else None
-    kv = "tp" if tp > 1 and cfg.num_kv_heads % tp == 0 else None
-    return P(None, dp, None, kv, None)

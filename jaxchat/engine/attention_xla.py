@@ -1,0 +1,284 @@
+"""Ragged paged attention in plain jnp: the portable backend (what CPU runs) and the test oracle.
+
+Contract (`jaxchat.models.kv` states what a forward expects of a backend):
+- Pool layout, per attention layer: keys [num_pages, KV, D, page_size] (stored transposed, so q.K is a plain
+  batched matmul) and values [num_pages, KV, page_size, D]; a stacked pool adds a leading layer axis.
+  Page 0 is never handed to a row (the engine's allocator keeps it back): padding reads it, masked.
+- `XlaAttention(page_size, kv_block=8, query_block=16)`; `begin(step, uniform)` plans the step once per
+  window (at trace time: the plans are device arrays computed inside the step program) and `attend`
+  writes the new k/v at the step's write slots, then attends each query over its own row's pages only:
+  * queries are grouped in blocks: one token per block in a decode step (`uniform` (R, 1)); otherwise
+    rows of one token take one-token blocks (pass 1) and longer rows blocks of `query_block` tokens
+    (pass 2), so a decode row beside a prompt chunk is not padded to a block;
+  * a work item is (query block, `kv_block` consecutive pages of the block's row); a block has items from
+    the page holding its earliest visible position (0, or position - window + 1) to its latest one;
+  * a `lax.while_loop` runs ceil(items / G) iterations (G items each, static per program) with the online
+    softmax (running max, sum and output per query), so the KV read per step is the rows' own lengths,
+    rounded up to items, and no [T, S] score matrix of a whole context ever exists. Empty passes run
+    no iteration.
+- Numerics: scores and softmax in float32 (optionally soft-capped: tanh(s / cap) * cap), probabilities cast to
+  the values' dtype for p.V; `sinks` [H] (gpt-oss) join each head's softmax denominator only. A query
+  with no visible position (padding) gets 0.
+- `trip_counts` (for analysis only, `bench/kv_reads.py`): run exactly that many iterations per pass as an
+  unrolled loop, so XLA's cost analysis (which counts a while loop's body once) sees every iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxchat.models.kv import StepInputs
+
+NEG = -1e30
+
+
+def new_pool(num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: Any,
+             layers: int | None = None) -> tuple[jax.Array, jax.Array]:
+    lead = () if layers is None else (layers,)
+    return (jnp.zeros((*lead, num_pages, kv_heads, head_dim, page_size), dtype),
+            jnp.zeros((*lead, num_pages, kv_heads, page_size, head_dim), dtype))
+
+
+def write_kv(pool, layer, k, v, slots, page_size: int):
+    """The pool with k, v [T, KV, D] written at slots (page * page_size + offset; -1: dropped)."""
+    keys, values = pool
+    n_pages = keys.shape[0 if layer is None else 1]
+    page = jnp.where(slots >= 0, slots // page_size, n_pages)  # out of bounds: dropped
+    off = jnp.where(slots >= 0, slots % page_size, 0)
+    k, v = k.astype(keys.dtype), v.astype(values.dtype)
+    if layer is None:
+        return keys.at[page, :, :, off].set(k, mode="drop"), values.at[page, :, off, :].set(v, mode="drop")
+    return (keys.at[layer, page, :, :, off].set(k, mode="drop"),
+            values.at[layer, page, :, off, :].set(v, mode="drop"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """Query blocks of one pass: tokens [NB, Qb] (T = none), rows [NB], positions [NB, Qb] (-1 = none)."""
+
+    tokens: jax.Array
+    rows: jax.Array
+    positions: jax.Array
+    identity: bool = False  # tokens == arange(T)[:, None]: outputs need no scatter
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """Work items of one pass and window: block [N], pages [N, kv_block], first position [N], count."""
+
+    block: jax.Array
+    pages: jax.Array
+    pos0: jax.Array
+    count: jax.Array
+
+
+def decode_blocks(step: StepInputs) -> Blocks:
+    t = step.positions.shape[0]
+    return Blocks(jnp.arange(t, dtype=jnp.int32)[:, None], step.token_rows, step.positions[:, None], identity=True)
+
+
+def single_token_blocks(step: StepInputs) -> Blocks:
+    """Pass 1 of a ragged step: one block per row, its token when the row runs exactly one."""
+    t = step.positions.shape[0]
+    r = step.kv_lens.shape[0]
+    rows = jnp.arange(r, dtype=jnp.int32)
+    start = step.cu_q_lens[:-1]
+    valid = (step.cu_q_lens[1:] - start == 1) & (rows < step.num_rows[0])
+    tokens = jnp.where(valid, start, t)
+    pos = jnp.where(valid, jnp.take(step.positions, jnp.minimum(tokens, t - 1)), -1)
+    return Blocks(tokens[:, None], rows, pos[:, None])
+
+
+def chunk_blocks(step: StepInputs, qb: int) -> Blocks:
+    """Pass 2 of a ragged step: rows running two tokens or more, cut in blocks of qb consecutive tokens."""
+    t = step.positions.shape[0]
+    r = step.kv_lens.shape[0]
+    nb = t // qb + r
+    q_len = step.cu_q_lens[1:] - step.cu_q_lens[:-1]
+    rows = jnp.arange(r, dtype=jnp.int32)
+    q_len = jnp.where(rows < step.num_rows[0], q_len, 0)
+    per_row = jnp.where(q_len > 1, (q_len + qb - 1) // qb, 0)
+    cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
+    b = jnp.arange(nb, dtype=jnp.int32)
+    row = jnp.clip(jnp.searchsorted(cu, b, side="right").astype(jnp.int32) - 1, 0, r - 1)
+    first = step.cu_q_lens[row] + (b - cu[row]) * qb
+    tokens = first[:, None] + jnp.arange(qb, dtype=jnp.int32)[None, :]
+    valid = (tokens < step.cu_q_lens[row + 1][:, None]) & (b < cu[-1])[:, None]
+    tokens = jnp.where(valid, tokens, t)
+    pos = jnp.where(valid, jnp.take(step.positions, jnp.minimum(tokens, t - 1)), -1)
+    return Blocks(tokens, row, pos)
+
+
+def items_per_iteration(blocks: Blocks) -> int:
+    """G, the items one loop iteration takes: two per block for one-token blocks (a decode row's 2 x kv_block
+    pages), 16 for query blocks."""
+    nb, qb = blocks.tokens.shape
+    return max(2, 2 * nb) if qb == 1 else 16
+
+
+def plan_items(blocks: Blocks, page_tables: jax.Array, page_size: int, kv_block: int,
+               window: int | None, per_iter: int) -> Items:
+    """The blocks' work items (see the module docstring), their arrays padded to a multiple of per_iter."""
+    nb = blocks.rows.shape[0]
+    p = page_tables.shape[1]
+    most = nb * -(-p // kv_block)  # every block reading its whole row
+    n = -(-most // per_iter) * per_iter
+    span = kv_block * page_size  # positions per item
+    valid = blocks.positions >= 0
+    any_valid = valid.any(axis=1)
+    hi = jnp.max(jnp.where(valid, blocks.positions, 0), axis=1)
+    lo = jnp.min(jnp.where(valid, blocks.positions, jnp.iinfo(jnp.int32).max), axis=1)
+    lo = jnp.zeros_like(lo) if window is None else jnp.maximum(lo - window + 1, 0)
+    first = jnp.where(any_valid, lo // span, 0)
+    count = jnp.where(any_valid, hi // span - first + 1, 0)
+    cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(count).astype(jnp.int32)])
+    i = jnp.arange(n, dtype=jnp.int32)
+    block = jnp.clip(jnp.searchsorted(cu, i, side="right").astype(jnp.int32) - 1, 0, nb - 1)
+    kb = first[block] + i - cu[block]
+    cols = jnp.clip(kb[:, None] * kv_block + jnp.arange(kv_block, dtype=jnp.int32)[None, :], 0, p - 1)
+    ok = i < cu[-1]
+    pages = jnp.where(ok[:, None], page_tables[blocks.rows[block][:, None], cols], 0)
+    return Items(block, pages, kb * span, cu[-1])
+
+
+def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: int, per_iter: int, scale: float,
+                  window: int | None, softcap: float | None, sinks, trips: int | None = None):
+    """Attention of the blocks' queries (q [T, H, D]) over their items -> [NB, Qb, H, D] (float32)."""
+    keys_all, values_all = pool
+    t, h, d = q.shape
+    kvh = keys_all.shape[-3]
+    g = h // kvh
+    nb, qb = blocks.tokens.shape
+    kvb = items.pages.shape[1]
+    span = kvb * page_size
+    qpad = jnp.concatenate([q.reshape(t, kvh, g, d), jnp.zeros((1, kvh, g, d), q.dtype)])
+    qblk = qpad[blocks.tokens].transpose(0, 2, 1, 3, 4).reshape(nb, kvh, qb * g, d)
+    block_ids = jnp.arange(nb, dtype=jnp.int32)
+
+    def body(i, carry):
+        m, l, acc = carry
+        start = i * per_iter
+        ib = jax.lax.dynamic_slice_in_dim(items.block, start, per_iter)
+        pages = jax.lax.dynamic_slice_in_dim(items.pages, start, per_iter)
+        pos0 = jax.lax.dynamic_slice_in_dim(items.pos0, start, per_iter)
+        ok = (start + jnp.arange(per_iter, dtype=jnp.int32)) < items.count
+        if layer is None:
+            kc, vc = keys_all[pages], values_all[pages]  # [G, kvb, KV, D, page], [G, kvb, KV, page, D]
+        else:
+            kc, vc = keys_all[layer, pages], values_all[layer, pages]
+        kc = kc.transpose(0, 2, 3, 1, 4).reshape(per_iter, kvh, d, span)
+        vc = vc.transpose(0, 2, 1, 3, 4).reshape(per_iter, kvh, span, d)
+        s = jax.lax.dot_general(qblk[ib], kc.astype(q.dtype), (((3,), (2,)), ((0, 1), (0, 1))),
+                                preferred_element_type=jnp.float32) * scale  # [G, KV, Qb*g, span]
+        if softcap is not None:
+            s = jnp.tanh(s / softcap) * softcap
+        s = s.reshape(per_iter, kvh, qb, g, span)
+        kvpos = pos0[:, None] + jnp.arange(span, dtype=jnp.int32)[None, :]
+        qpos = blocks.positions[ib]  # [G, Qb]
+        vis = (kvpos[:, None, :] <= qpos[:, :, None]) & (qpos >= 0)[:, :, None] & ok[:, None, None]
+        if window is not None:
+            vis = vis & (kvpos[:, None, :] > qpos[:, :, None] - window)
+        vis = vis[:, None, :, None, :]
+        s = jnp.where(vis, s, NEG)
+        onehot = (ib[None, :] == block_ids[:, None]) & ok[None, :]  # [NB, G]
+        m_item = s.max(axis=-1)  # [G, KV, Qb, g]
+        m_new = jnp.maximum(m, jnp.where(onehot[:, :, None, None, None], m_item[None], NEG).max(axis=1))
+        p = jnp.where(vis, jnp.exp(s - m_new[ib][..., None]), 0.0)
+        o = jax.lax.dot_general(p.reshape(per_iter, kvh, qb * g, span).astype(vc.dtype), vc,
+                                (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
+        alpha = jnp.exp(m - m_new)
+        weights = onehot.astype(jnp.float32)
+        l = l * alpha + jnp.einsum("bn,nkqg->bkqg", weights, p.sum(axis=-1))
+        acc = acc * alpha[..., None] + jnp.einsum("bn,nkqgd->bkqgd", weights,
+                                                  o.reshape(per_iter, kvh, qb, g, d))
+        return m_new, l, acc
+
+    m = jnp.full((nb, kvh, qb, g), NEG, jnp.float32)
+    carry = (m, jnp.zeros_like(m), jnp.zeros((nb, kvh, qb, g, d), jnp.float32))
+    if trips is None:
+        n_iter = (items.count + per_iter - 1) // per_iter
+        _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < n_iter, lambda c: (c[0] + 1, *body(c[0], c[1:])),
+                                          (jnp.int32(0), *carry))
+    else:
+        for i in range(trips):
+            carry = body(jnp.int32(i), carry)
+        m, l, acc = carry
+    if sinks is not None:
+        sink = sinks.astype(jnp.float32).reshape(1, kvh, 1, g)
+        m_f = jnp.maximum(m, sink)
+        rescale = jnp.exp(m - m_f)
+        l = l * rescale + jnp.exp(sink - m_f)
+        acc = acc * rescale[..., None]
+    out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+    return out.transpose(0, 2, 1, 3, 4).reshape(nb, qb, h, d)
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaAttention:
+    """The jnp backend (see the module docstring). Static: page size, pages per work item, query block."""
+
+    page_size: int
+    kv_block: int = 8
+    query_block: int = 16
+    name: str = "xla"
+    trip_counts: tuple[int, ...] | None = None  # analysis only: unrolled iterations per pass
+
+    def new_pool(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: Any,
+                 layers: int | None = None):
+        if page_size != self.page_size:
+            raise ValueError(f"pool pages of {page_size} tokens for a backend of {self.page_size}")
+        return new_pool(num_pages, page_size, kv_heads, head_dim, dtype, layers)
+
+    def begin(self, step: StepInputs, uniform: tuple[int, int] | None = None) -> XlaStepAttention:
+        if uniform is not None and uniform[1] == 1:
+            passes = (decode_blocks(step),)
+        else:
+            passes = (single_token_blocks(step), chunk_blocks(step, self.query_block))
+        return XlaStepAttention(self, step, uniform, passes)
+
+
+class XlaStepAttention:
+    """One step's plans (per window, built when first asked for) and the layers' attention over them."""
+
+    def __init__(self, backend: XlaAttention, step: StepInputs, uniform, passes: tuple[Blocks, ...]):
+        self.backend, self.step, self.uniform, self.passes = backend, step, uniform, passes
+        self._items: dict[int | None, tuple[Items, ...]] = {}
+
+    def items(self, window: int | None) -> tuple[Items, ...]:
+        if window not in self._items:
+            b = self.backend
+            self._items[window] = tuple(plan_items(blocks, self.step.page_tables, b.page_size, b.kv_block, window,
+                                                   items_per_iteration(blocks)) for blocks in self.passes)
+        return self._items[window]
+
+    def attend(self, pool, layer, q, k, v, *, scale: float, window: int | None = None,
+               softcap: float | None = None, sinks=None, local=None):
+        """Write k/v (unless None) at the step's write slots, then attend q [T, H, D] -> (pool, [T, H, D]).
+        `local` (a traced bool): the window applies only where it is true (a scanned stack of both kinds)."""
+        b = self.backend
+        if k is not None:
+            pool = write_kv(pool, layer, k, v, self.step.write_slots, b.page_size)
+        t, h, d = q.shape
+        plans = self.items(window)
+        if local is not None and window is not None:
+            full = self.items(None)
+            plans = tuple(jax.tree.map(lambda a, f: jnp.where(local, a, f), p, f) for p, f in zip(plans, full, strict=True))
+            window = jnp.where(local, window, jnp.iinfo(jnp.int32).max // 2)
+        out = None
+        for i, (blocks, items) in enumerate(zip(self.passes, plans, strict=True)):
+            part = attend_blocks(q, pool, layer, blocks, items, page_size=b.page_size,
+                                 per_iter=items_per_iteration(blocks), scale=scale, window=window, softcap=softcap,
+                                 sinks=sinks, trips=None if b.trip_counts is None else b.trip_counts[i])
+            if blocks.identity:
+                out = part.reshape(t, h, d)
+                continue
+            if out is None:
+                out = jnp.zeros((t + 1, h, d), jnp.float32)
+            out = out.at[blocks.tokens.reshape(-1)].set(part.reshape(-1, h, d))
+        out = out if out.shape[0] == t else out[:t]
+        return pool, out.astype(q.dtype)

@@ -1,0 +1,90 @@
+"""Run [B, T] blocks of tokens through a model's paged forward, for model-level tests.
+
+`PagedRows(lm, rows, max_len)` gives every row its own pages of a small pool (page 0 is left out, as the
+engine's allocator does, and the pages of a row are not consecutive) and calls the model's forward with the
+jnp backend (`jaxchat.engine.attention_xla.XlaAttention`) over a uniform step of B rows x T token slots:
+`rows(tokens, positions) -> logits [B, T, V]` (position -1: padding, its logits are garbage). The pools
+persist between calls, so a prefill then one-token calls run through the pages as the engine's steps do.
+`run_ragged(rows, runs)` runs one ragged step instead: rows of different token counts packed back to back
+(what the engine's steps are), for models whose caches are all positional.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxchat.engine.attention_xla import XlaAttention
+from jaxchat.models.kv import StepInputs
+
+# The programs here are tiny and run a few times each: compiling them at XLA's lowest backend optimisation
+# level halves the compile time that dominates model tests (the ops, and so the numbers checked, are the same).
+jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+
+
+class PagedRows:
+    def __init__(self, lm, rows: int, max_len: int, *, page_size: int = 4, layout: str = "stacked", params=None,
+                 kv_block: int = 2, query_block: int = 4, seed: int = 0):
+        self.lm, self.rows, self.page_size, self.layout = lm, rows, page_size, layout
+        self.params = lm.params if params is None else params
+        self.backend = XlaAttention(page_size, kv_block=kv_block, query_block=query_block)
+        per_row = -(-max_len // page_size)
+        pages = np.random.default_rng(seed).permutation(np.arange(1, rows * per_row + 1))
+        self.tables = pages.reshape(rows, per_row).astype(np.int32)
+        self.pools = lm.new_pools(self.backend, rows * per_row + 1, page_size, rows, layout)
+        forward = functools.partial(lm.forward, backend=self.backend, layout=layout)
+        self._forward = jit(forward, static_argnames=("uniform",))
+        self.ragged_forward = jit(forward)
+
+    def step_inputs(self, positions: np.ndarray) -> StepInputs:
+        b, t = positions.shape
+        pos = positions.reshape(-1).astype(np.int32)
+        rows = np.repeat(np.arange(b, dtype=np.int32), t)
+        slots = np.where(pos >= 0, self.tables[rows, np.maximum(pos, 0) // self.page_size] * self.page_size
+                         + np.maximum(pos, 0) % self.page_size, -1).astype(np.int32)
+        return StepInputs(jnp.asarray(pos), jnp.asarray(rows), jnp.asarray(np.arange(b + 1, dtype=np.int32) * t),
+                          jnp.asarray(positions.max(axis=1).astype(np.int32) + 1), jnp.asarray(self.tables[:b]),
+                          jnp.asarray(slots), jnp.arange(b, dtype=jnp.int32), jnp.asarray([b], jnp.int32))
+
+    def __call__(self, tokens, positions, head_vd=None, logits_index=None) -> np.ndarray:
+        tokens, positions = np.asarray(tokens, np.int32), np.asarray(positions, np.int32)
+        b, t = tokens.shape
+        logits, self.pools = self._forward(self.params, jnp.asarray(tokens.reshape(-1)), self.pools,
+                                           self.step_inputs(positions), uniform=(b, t), head_vd=head_vd,
+                                           logits_index=logits_index)
+        return np.asarray(logits) if logits_index is not None else np.asarray(logits).reshape(b, t, -1)
+
+
+def ragged_inputs(tables: np.ndarray, page_size: int, runs: list[tuple[int, list[int], int]], pad: int = 3):
+    """A ragged step (rows packed back to back, `pad` padding tokens after them): runs[i] = (the row, its tokens,
+    the position of its first token) -> (tokens [T], StepInputs, logits_index [R]: each run's last token)."""
+    toks, pos, rows, cu = [], [], [], [0]
+    owners = [row for row, _, _ in runs]
+    for i, (_, run, start) in enumerate(runs):
+        toks += list(run)
+        pos += list(range(start, start + len(run)))
+        rows += [i] * len(run)
+        cu.append(len(toks))
+    toks += [0] * pad
+    pos += [-1] * pad
+    rows += [0] * pad
+    pos_a, rows_a = np.asarray(pos, np.int32), np.asarray(rows, np.int32)
+    own = tables[owners]
+    slots = np.where(pos_a >= 0, own[rows_a, np.maximum(pos_a, 0) // page_size] * page_size
+                     + np.maximum(pos_a, 0) % page_size, -1).astype(np.int32)
+    kv_lens = np.asarray([start + len(run) for _, run, start in runs], np.int32)
+    step = StepInputs(jnp.asarray(pos_a), jnp.asarray(rows_a), jnp.asarray(cu, jnp.int32), jnp.asarray(kv_lens),
+                      jnp.asarray(own), jnp.asarray(slots), jnp.asarray(owners, jnp.int32),
+                      jnp.asarray([len(runs)], jnp.int32))
+    return jnp.asarray(toks, jnp.int32), step, jnp.asarray(np.asarray(cu[1:]) - 1, jnp.int32)
+
+
+def run_ragged(paged: PagedRows, runs: list[tuple[int, list[int], int]], head_vd=None) -> np.ndarray:
+    """One ragged step over `paged`'s rows and pools -> the logits at each row's last token [R, V]."""
+    tokens, step, index = ragged_inputs(paged.tables, paged.page_size, runs)
+    logits, paged.pools = paged.ragged_forward(paged.params, tokens, paged.pools, step, logits_index=index,
+                                               head_vd=head_vd)
+    return np.asarray(logits)
