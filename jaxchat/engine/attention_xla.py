@@ -69,12 +69,16 @@ class Blocks:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Items:
-    """Work items of one pass and window: block [N], pages [N, kv_block], first position [N], count."""
+    """One pass's work items for one window, laid out per loop iteration (M iterations of G items), with what
+    every layer shares precomputed: pages [M, G, kv_block], block [M, G], visible [M, G, Qb, span] (which
+    positions each query of the item's block sees), weights [M, NB, G] (1 where the item is the block's),
+    and the iterations that hold any item (`trips`)."""
 
-    block: jax.Array
     pages: jax.Array
-    pos0: jax.Array
-    count: jax.Array
+    block: jax.Array
+    visible: jax.Array
+    weights: jax.Array
+    trips: jax.Array
 
 
 def decode_blocks(step: StepInputs) -> Blocks:
@@ -123,11 +127,12 @@ def items_per_iteration(blocks: Blocks) -> int:
 
 def plan_items(blocks: Blocks, page_tables: jax.Array, page_size: int, kv_block: int,
                window: int | None, per_iter: int) -> Items:
-    """The blocks' work items (see the module docstring), their arrays padded to a multiple of per_iter."""
-    nb = blocks.rows.shape[0]
+    """The blocks' work items (see the module docstring), in iterations of `per_iter` items."""
+    nb, qb = blocks.tokens.shape
     p = page_tables.shape[1]
     most = nb * -(-p // kv_block)  # every block reading its whole row
-    n = -(-most // per_iter) * per_iter
+    m = -(-most // per_iter)
+    n = m * per_iter
     span = kv_block * page_size  # positions per item
     valid = blocks.positions >= 0
     any_valid = valid.any(axis=1)
@@ -143,30 +148,33 @@ def plan_items(blocks: Blocks, page_tables: jax.Array, page_size: int, kv_block:
     cols = jnp.clip(kb[:, None] * kv_block + jnp.arange(kv_block, dtype=jnp.int32)[None, :], 0, p - 1)
     ok = i < cu[-1]
     pages = jnp.where(ok[:, None], page_tables[blocks.rows[block][:, None], cols], 0)
-    return Items(block, pages, kb * span, cu[-1])
+    kvpos = (kb * span)[:, None] + jnp.arange(span, dtype=jnp.int32)[None, :]  # [N, span]
+    qpos = blocks.positions[block]  # [N, Qb]
+    visible = (kvpos[:, None, :] <= qpos[:, :, None]) & (qpos >= 0)[:, :, None] & ok[:, None, None]
+    if window is not None:
+        visible = visible & (kvpos[:, None, :] > qpos[:, :, None] - window)
+    weights = ((block[None, :] == jnp.arange(nb, dtype=jnp.int32)[:, None]) & ok[None, :]).astype(jnp.float32)
+    return Items(pages.reshape(m, per_iter, kv_block), block.reshape(m, per_iter),
+                 visible.reshape(m, per_iter, qb, span),
+                 weights.reshape(nb, m, per_iter).transpose(1, 0, 2), (cu[-1] + per_iter - 1) // per_iter)
 
 
-def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: int, per_iter: int, scale: float,
-                  window: int | None, softcap: float | None, sinks, trips: int | None = None):
+def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: int, scale: float,
+                  softcap: float | None, sinks, trips: int | None = None):
     """Attention of the blocks' queries (q [T, H, D]) over their items -> [NB, Qb, H, D] (float32)."""
     keys_all, values_all = pool
     t, h, d = q.shape
     kvh = keys_all.shape[-3]
     g = h // kvh
     nb, qb = blocks.tokens.shape
-    kvb = items.pages.shape[1]
+    per_iter, kvb = items.pages.shape[1:]
     span = kvb * page_size
     qpad = jnp.concatenate([q.reshape(t, kvh, g, d), jnp.zeros((1, kvh, g, d), q.dtype)])
     qblk = qpad[blocks.tokens].transpose(0, 2, 1, 3, 4).reshape(nb, kvh, qb * g, d)
-    block_ids = jnp.arange(nb, dtype=jnp.int32)
 
     def body(i, carry):
         m, l, acc = carry
-        start = i * per_iter
-        ib = jax.lax.dynamic_slice_in_dim(items.block, start, per_iter)
-        pages = jax.lax.dynamic_slice_in_dim(items.pages, start, per_iter)
-        pos0 = jax.lax.dynamic_slice_in_dim(items.pos0, start, per_iter)
-        ok = (start + jnp.arange(per_iter, dtype=jnp.int32)) < items.count
+        pages, ib, vis, weights = items.pages[i], items.block[i], items.visible[i], items.weights[i]
         if layer is None:
             kc, vc = keys_all[pages], values_all[pages]  # [G, kvb, KV, D, page], [G, kvb, KV, page, D]
         else:
@@ -177,32 +185,22 @@ def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: in
                                 preferred_element_type=jnp.float32) * scale  # [G, KV, Qb*g, span]
         if softcap is not None:
             s = jnp.tanh(s / softcap) * softcap
-        s = s.reshape(per_iter, kvh, qb, g, span)
-        kvpos = pos0[:, None] + jnp.arange(span, dtype=jnp.int32)[None, :]
-        qpos = blocks.positions[ib]  # [G, Qb]
-        vis = (kvpos[:, None, :] <= qpos[:, :, None]) & (qpos >= 0)[:, :, None] & ok[:, None, None]
-        if window is not None:
-            vis = vis & (kvpos[:, None, :] > qpos[:, :, None] - window)
         vis = vis[:, None, :, None, :]
-        s = jnp.where(vis, s, NEG)
-        onehot = (ib[None, :] == block_ids[:, None]) & ok[None, :]  # [NB, G]
+        s = jnp.where(vis, s.reshape(per_iter, kvh, qb, g, span), NEG)
         m_item = s.max(axis=-1)  # [G, KV, Qb, g]
-        m_new = jnp.maximum(m, jnp.where(onehot[:, :, None, None, None], m_item[None], NEG).max(axis=1))
+        m_new = jnp.maximum(m, jnp.where(weights[:, :, None, None, None] > 0, m_item[None], NEG).max(axis=1))
         p = jnp.where(vis, jnp.exp(s - m_new[ib][..., None]), 0.0)
         o = jax.lax.dot_general(p.reshape(per_iter, kvh, qb * g, span).astype(vc.dtype), vc,
                                 (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
         alpha = jnp.exp(m - m_new)
-        weights = onehot.astype(jnp.float32)
         l = l * alpha + jnp.einsum("bn,nkqg->bkqg", weights, p.sum(axis=-1))
-        acc = acc * alpha[..., None] + jnp.einsum("bn,nkqgd->bkqgd", weights,
-                                                  o.reshape(per_iter, kvh, qb, g, d))
+        acc = acc * alpha[..., None] + jnp.einsum("bn,nkqgd->bkqgd", weights, o.reshape(per_iter, kvh, qb, g, d))
         return m_new, l, acc
 
     m = jnp.full((nb, kvh, qb, g), NEG, jnp.float32)
     carry = (m, jnp.zeros_like(m), jnp.zeros((nb, kvh, qb, g, d), jnp.float32))
     if trips is None:
-        n_iter = (items.count + per_iter - 1) // per_iter
-        _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < n_iter, lambda c: (c[0] + 1, *body(c[0], c[1:])),
+        _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < items.trips, lambda c: (c[0] + 1, *body(c[0], c[1:])),
                                           (jnp.int32(0), *carry))
     else:
         for i in range(trips):
@@ -265,14 +263,12 @@ class XlaStepAttention:
             pool = write_kv(pool, layer, k, v, self.step.write_slots, b.page_size)
         t, h, d = q.shape
         plans = self.items(window)
-        if local is not None and window is not None:
+        if local is not None and window is not None:  # a scanned stack of both kinds: this layer's plan
             full = self.items(None)
             plans = tuple(jax.tree.map(lambda a, f: jnp.where(local, a, f), p, f) for p, f in zip(plans, full, strict=True))
-            window = jnp.where(local, window, jnp.iinfo(jnp.int32).max // 2)
         out = None
         for i, (blocks, items) in enumerate(zip(self.passes, plans, strict=True)):
-            part = attend_blocks(q, pool, layer, blocks, items, page_size=b.page_size,
-                                 per_iter=items_per_iteration(blocks), scale=scale, window=window, softcap=softcap,
+            part = attend_blocks(q, pool, layer, blocks, items, page_size=b.page_size, scale=scale, softcap=softcap,
                                  sinks=sinks, trips=None if b.trip_counts is None else b.trip_counts[i])
             if blocks.identity:
                 out = part.reshape(t, h, d)

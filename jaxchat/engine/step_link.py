@@ -2,9 +2,8 @@
 
 JAX's multi-controller runtime needs every process to run the same programs on the same global arrays in the
 same order. Process 0 (the leader) owns the scheduler, grammar matchers and parser; each step call it makes
-on its `StepRunner` (decode, prefill, prefill_rows, mixed, extend, move, swap: the only calls that run device programs after
-warm-up) is first sent, with its host arguments, to every follower, which makes the same call on its own
-runner. The programs' outputs are replicated, so every process computes the same tokens; only the leader
+on its `StepRunner` (`run`: the only call that runs device programs after warm-up) is first sent, with its
+host arguments, to every follower, which makes the same call on its own runner. The programs' outputs are replicated, so every process computes the same tokens; only the leader
 reads them.
 
 Contract:
@@ -45,7 +44,7 @@ from jaxchat.engine import cluster
 
 log = logging.getLogger(__name__)
 
-STEP_CALLS = ("decode", "prefill", "prefill_rows", "mixed", "extend", "move", "swap")
+STEP_CALLS = ("run",)
 LINK_KEY = "jaxchat/step_link"
 HEARTBEAT_S = 1.0
 LOST_AFTER_S = 10.0
@@ -60,11 +59,9 @@ def runner_signature(runner) -> str:
     """What decides a runner's programs and state: equal on every process, or their steps would differ."""
     return json.dumps({
         "max_batch": runner.max_batch, "max_context": runner.max_context, "vocab": runner.vocab_size,
-        "valid_vocab": runner.valid_vocab, "batch_buckets": list(runner.batch_buckets),
-        "length_buckets": list(runner.length_buckets), "span_buckets": list(runner.span_buckets),
-        "keep_prefixes": runner.keep_prefixes, "layout": runner.layout, "prefill_chunk": runner.prefill_chunk,
-        "mixed_buckets": list(runner.mixed_buckets), "prefill_batches": list(runner.prefill_batches),
-        "mixed_shapes": {str(k): list(c) for k, c in runner.mixed_shapes.items()},
+        "valid_vocab": runner.valid_vocab, "layout": runner.layout, "num_pages": runner.num_pages,
+        "page_size": runner.page_size, "backend": repr(runner.backend), "programs": [list(k) for k in
+                                                                                   runner.program_keys()],
     }, sort_keys=True)
 
 

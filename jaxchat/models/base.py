@@ -136,6 +136,13 @@ class LoadedModel:
         dims = family_module(self.config.family).Model.cache_dims(self.config)
         return not any(isinstance(d, RecurrentState) for d in dims)
 
+    def kv_dims(self) -> list[tuple[int, int]]:
+        """(kv heads, head dim) of every layer with a KV cache of its own (KV-shared and recurrent layers: none)."""
+        from jaxchat.models.families import family_module
+
+        dims = family_module(self.config.family).Model.cache_dims(self.config)
+        return [tuple(d) for d in dims if d is not None and not isinstance(d, RecurrentState)]
+
     def lm_head_weight(self, params):
         """The lm head's [hidden, vocab] param: the tied embedding table or `lm_head`."""
         return params["embed"] if self.config.tie_word_embeddings else params["lm_head"]

@@ -1,9 +1,9 @@
 """Test helpers: a tiny byte-level BPE tokenizer and a tiny fake model with the `LoadedModel` interface.
 
-The fake forward is a one-head attention over the real cache (k/v written at each token's position,
-causal over positions <= its own), so outputs depend on each row's own history only: enough to test
-batch isolation, slot moves and sharding without the cost of a real model's compile. It describes
-itself to the step runner as a `StepModel` of the "stacked" layout without attention spans. Also: a tiny
+The fake forward is one attention layer over the real paged pool (k/v written at each token's position,
+causal over its row's positions <= its own, through the engine's jnp backend), so outputs depend on each
+row's own history only: enough to test batch isolation, paging and sharding without the cost of a real
+model's compile. It describes itself to the step runner as a `StepModel` with one layer's pool. Also: a tiny
 random Qwen2 with that tokenizer (`tiny_byte_qwen2`) and a counter of step-runner calls (`count_calls`).
 """
 
@@ -108,41 +108,34 @@ class FakeModel:
             "head": jnp.asarray(r.normal(size=(d, v)) * 2, jnp.float32),
         }
 
-    def forward(self, params, tokens, positions, cache_k, cache_v, *, row_offset=0, logits_index=None):
+    def forward(self, params, tokens, pools, step, backend, *, uniform=None, logits_index=None, head_vd=None):
         c = self.config
-        b, t = tokens.shape
-        s = cache_k.shape[2]
+        t = tokens.shape[0]
+        heads = c.hidden_size // c.head_dim
         x = params["embed"][tokens]
-        k = (x @ params["wk"]).reshape(b, t, c.num_kv_heads, c.head_dim)
-        v = (x @ params["wv"]).reshape(b, t, c.num_kv_heads, c.head_dim)
-        rows = jnp.broadcast_to(jnp.arange(b)[:, None] + row_offset, (b, t))
-        pos = jnp.where(positions >= 0, positions, s)
-        cache_k = cache_k.at[:, rows, pos].set(jnp.broadcast_to(k, (c.num_layers, b, t) + k.shape[2:]), mode="drop")
-        cache_v = cache_v.at[:, rows, pos].set(jnp.broadcast_to(v, (c.num_layers, b, t) + v.shape[2:]), mode="drop")
-        keys = jax.lax.dynamic_slice_in_dim(cache_k[-1], row_offset, b, axis=0).reshape(b, s, -1)
-        vals = jax.lax.dynamic_slice_in_dim(cache_v[-1], row_offset, b, axis=0).reshape(b, s, -1)
-        q = x @ params["wq"]
-        scores = jnp.einsum("btd,bsd->bts", q, keys) / np.sqrt(c.hidden_size)
-        visible = jnp.arange(s)[None, None, :] <= positions[:, :, None]
-        scores = jnp.where(visible, scores, -1e30)
-        h = x + jnp.einsum("bts,bsd->btd", jax.nn.softmax(scores, axis=-1), vals)
+        q = (x @ params["wq"]).reshape(t, heads, c.head_dim)
+        k = (x @ params["wk"]).reshape(t, c.num_kv_heads, c.head_dim)
+        v = (x @ params["wv"]).reshape(t, c.num_kv_heads, c.head_dim)
+        pools, out = backend.begin(step, uniform).attend(pools, None, q, k, v, scale=1 / np.sqrt(c.head_dim))
+        h = x + out.reshape(t, -1)
         if logits_index is not None:
-            h = jnp.take_along_axis(h, logits_index[:, None, None], axis=1)
-        return (h @ params["head"]).astype(jnp.float32), cache_k, cache_v
+            h = h[logits_index]
+        return (h @ params["head"]).astype(jnp.float32), pools
 
     def partition_specs(self, mesh):
         return {"embed": P(), "wq": P(None, "tp"), "wk": P(), "wv": P(), "head": P(None, "tp")}
 
-    def step_model(self, params, platform: str) -> StepModel:
-        """The same description on every platform: stacked cache, whole-cache attention, no vocab-major head."""
-        return StepModel(layout="stacked", params=params, forward=self.forward,
-                         new_cache=lambda batch, max_len, spans: self.empty_cache(batch, max_len),
-                         attention_spans=False, vocab_major_head=None)
+    def kv_dims(self):
+        return [(self.config.num_kv_heads, self.config.head_dim)]
 
-    def empty_cache(self, batch: int, max_len: int):
+    def new_pools(self, backend, num_pages: int, page_size: int, num_slots: int):
         c = self.config
-        shape = (c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim)
-        return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+        return backend.new_pool(num_pages, page_size, c.num_kv_heads, c.head_dim, jnp.float32)
+
+    def step_model(self, params, platform: str) -> StepModel:
+        """The same description on every platform: one layer's pool, no vocab-major head."""
+        return StepModel(layout="unrolled", params=params, forward=self.forward, new_pools=self.new_pools,
+                         vocab_major_head=None)
 
 
 class ScriptedConstraint:

@@ -1,0 +1,189 @@
+"""Token handling after a step, on the host: grammar accept, stop checks, detokenising, jump-forward, emitting.
+
+Contract (`TokenHandler(tokenizer, max_context, max_jump=MAX_JUMP, jump_forward=True)`, one per scheduler):
+- `take(seq, out, i)`: row i of a step's `SampleOut` is the request's next token: it goes through the
+  constraint (`accept`), the stop ids, the detokeniser and stop strings, `is_terminated()`, `max_tokens` and
+  the context; it is emitted as a `GenerationOutput` delta (with its logprobs when asked), or the request is
+  finished. Otherwise the next mask is filled and the request's next step is set up: `pending` = [token,
+  *forced] (jump-forward: the text the grammar forces after it, taken without sampling), `count_from` = the
+  position after the sampled token.
+- `start(seq)`: at admission (after the prompt, or a recompute after a preemption): text the grammar forces
+  first joins the pending tokens (not after a recompute: it was taken before).
+- Jump-forward (`jump_forward`, for constraints with `forced_text`, requests without logprobs): the forced
+  tokens, as the tokenizer spells them after the previous token (`jump_forward.forced_token_ids`), less the
+  last, at most `max_jump` (and what `max_tokens` and the context leave), each checked like a sampled token
+  and emitted as one delta, counted in `forced_tokens`.
+- Without jump-forward (off, or a request with logprobs) the same tokens are planned and taken one per step,
+  the mask narrowed to each (`pin`), then the model samples the token after them under the grammar's mask:
+  the model never sees forced text spelled in pieces it was not trained on.
+- `finish(seq, reason, ...)` emits the last delta (finished=True) once; the scheduler frees what the request
+  held. An exception in one request's host work finishes only that request ("error").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxchat.engine.jump_forward import forced_token_ids
+from jaxchat.engine.sampler import SampleOut
+from jaxchat.engine.sequence import Sequence
+from jaxchat.engine.types import GenerationOutput, TokenLogprob
+
+MAX_JUMP = 64  # forced tokens taken at once (more come after the next sampled token)
+
+
+class TokenHandler:
+    def __init__(self, tokenizer: Any, max_context: int, max_jump: int = MAX_JUMP, jump_forward: bool = True) -> None:
+        self.tokenizer, self.max_context, self.max_jump = tokenizer, max_context, max_jump
+        self.jump_forward = jump_forward and tokenizer is not None
+        self.generated_tokens = 0
+        self.forced_tokens = 0
+
+    # ---- a sampled token --------------------------------------------------------------------------------
+    def take(self, seq: Sequence, out: SampleOut, i: int) -> None:
+        tok = int(out.tokens[i])
+        s = seq.req.sampling
+        was_planned = bool(seq.planned) and seq.planned[0] == tok
+        seq.planned = seq.planned[1:] if was_planned else []
+        seq.generated += 1
+        seq.out_ids.append(tok)
+        self.generated_tokens += 1
+        lps = None
+        if s.logprobs is not None:
+            k = min(s.logprobs, out.top_ids.shape[1])
+            top = [(int(t), float(v)) for t, v in zip(out.top_ids[i, :k], out.top_logprobs[i, :k], strict=True)]
+            lps = [TokenLogprob(tok, float(out.logprob[i]), top)]
+        try:
+            text, reason, stop_reason = self.advance(seq, tok)
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self.finish(seq, "error", error=f"{type(e).__name__}: {e}", token_ids=[tok])
+            return
+        if reason is not None:
+            self.finish(seq, reason, stop_reason=stop_reason, text=text, token_ids=[tok], logprobs=lps)
+            return
+        seq.emit(GenerationOutput(seq.req.request_id, [tok], text, logprobs=lps,
+                                  num_prompt_tokens=len(seq.prompt), num_generated_tokens=seq.generated,
+                                  num_cached_tokens=seq.cached))
+        seq.pending, seq.count_from = [tok], seq.position + 1
+        forced = self.jump(seq, tok)
+        seq.pending += forced
+        if not forced and not seq.finished:
+            self.pin(seq, tok, plan=not was_planned)  # after a planned run the model samples the next token
+
+    def start(self, seq: Sequence, recompute: bool) -> None:
+        """Set up an admitted request's first step: its pending tokens from `computed` on (and, for a new
+        request, the text its grammar forces first)."""
+        seq.pending, seq.count_from = seq.tokens[seq.computed:], len(seq.prompt)
+        if recompute:
+            return
+        forced = self.jump(seq, seq.prompt[-1])
+        seq.pending += forced
+        if not forced and not seq.finished:
+            self.pin(seq, seq.prompt[-1], plan=True)
+
+    # ---- the checks -----------------------------------------------------------------------------------
+    def advance(self, seq: Sequence, tok: int, *, accepted: bool = False,
+                fill: bool = True) -> tuple[str, str | None, str | int | None]:
+        """Feed one token through constraint, stop checks and detokeniser; may fill the next mask (`fill`).
+        `accepted`: the constraint already took the token (a forced one)."""
+        req, s = seq.req, seq.req.sampling
+        c = req.constraint
+        if c is not None and not accepted:
+            # False means the grammar rejected the token: the constraint has given up (and logged
+            # it), masks all ones from now on, and the request goes on unconstrained.
+            c.accept(tok)
+        if tok in seq.stop_ids:
+            return self.flush(seq), "stop", tok
+        text, stop = seq.stops.push(seq.detok.add(tok) if seq.detok is not None else "")
+        if stop is not None:
+            return text, "stop", stop
+        if c is not None and c.is_terminated():
+            return text + self.flush(seq), "stop", None
+        if seq.generated >= s.max_tokens or seq.position >= self.max_context:
+            return text + self.flush(seq), "length", None
+        if c is not None and fill:
+            c.fill_mask(seq.mask)
+        return text, None, None
+
+    @staticmethod
+    def flush(seq: Sequence) -> str:
+        text, stop = seq.stops.push(seq.detok.flush() if seq.detok is not None else "")
+        return text if stop is not None else text + seq.stops.flush()
+
+    # ---- forced text ------------------------------------------------------------------------------------
+    def jump(self, seq: Sequence, prev: int) -> list[int]:
+        """Take the text the grammar forces after `prev` without sampling (see the module docstring): at most
+        `max_jump` tokens. May finish the request."""
+        c = seq.req.constraint
+        if not self.jump_forward or seq.req.sampling.logprobs is not None or not hasattr(c, "forced_text"):
+            return []
+        room = min(self.max_jump, seq.req.sampling.max_tokens - seq.generated,
+                   self.max_context - 1 - seq.position)
+        forced: list[int] = []
+        pieces: list[str] = []
+        try:
+            for tok in self.forced_ids(prev, c.forced_text())[: max(room, 0)]:
+                if not c.accept_jumped(tok):
+                    break
+                forced.append(tok)
+                seq.generated += 1
+                seq.out_ids.append(tok)
+                self.generated_tokens += 1
+                self.forced_tokens += 1
+                text, reason, stop_reason = self.advance(seq, tok, accepted=True, fill=False)
+                pieces.append(text)
+                if reason is not None:
+                    self.finish(seq, reason, stop_reason=stop_reason, text="".join(pieces), token_ids=forced)
+                    return forced
+            if forced:
+                c.fill_mask(seq.mask)
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self.finish(seq, "error", error=f"{type(e).__name__}: {e}", text="".join(pieces), token_ids=forced)
+            return forced
+        if forced:
+            seq.emit(GenerationOutput(seq.req.request_id, forced, "".join(pieces),
+                                      num_prompt_tokens=len(seq.prompt), num_generated_tokens=seq.generated,
+                                      num_cached_tokens=seq.cached))
+        return forced
+
+    def pin(self, seq: Sequence, prev: int, plan: bool) -> None:
+        """Without jumping: plan the forced tokens after a sampled token `prev` (`plan`), then narrow the row's
+        mask (already filled by the grammar) to the next planned token. A plan the grammar does not allow is
+        dropped (the model samples under the grammar's mask instead)."""
+        c = seq.req.constraint
+        jumping = self.jump_forward and seq.req.sampling.logprobs is None
+        if jumping or self.tokenizer is None or not hasattr(c, "forced_text"):
+            return
+        try:
+            if plan:
+                left = max(seq.req.sampling.max_tokens - seq.generated, 0)
+                seq.planned = self.forced_ids(prev, c.forced_text())[:left]
+            if not seq.planned:
+                return
+            tok, row = seq.planned[0], seq.mask
+            word, bit = divmod(tok, 32)
+            if not 0 <= word < len(row) or not (int(row[word]) >> bit) & 1:
+                seq.planned = []
+                return
+            row.fill(0)
+            row[word] = np.uint32(1 << bit).view(np.int32)
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self.finish(seq, "error", error=f"{type(e).__name__}: {e}")
+
+    def forced_ids(self, prev: int, text: str) -> list[int]:
+        tok = self.tokenizer
+        return forced_token_ids(lambda s: tok.encode(s, add_special_tokens=False), tok.decode, prev, text)
+
+    # ---- the end ---------------------------------------------------------------------------------------
+    def finish(self, seq: Sequence, reason: str, *, stop_reason=None, error: str | None = None, text: str = "",
+               token_ids: list[int] | None = None, logprobs=None) -> None:
+        if seq.finished:
+            return
+        seq.finished = True
+        seq.emit(GenerationOutput(
+            seq.req.request_id, token_ids or [], text, finished=True, finish_reason=reason,
+            stop_reason=stop_reason, error=error, logprobs=logprobs,
+            num_prompt_tokens=len(seq.prompt), num_generated_tokens=seq.generated,
+            num_cached_tokens=seq.cached))
