@@ -4,10 +4,12 @@ Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
 OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
 `--no-compile-cache`; the step programs are also serialized whole under its `executables/` folder) so the
-next start of the same model and shapes neither traces nor compiles them, and reusing the K/V of a
-prompt's prefix that an idle slot still holds (`--no-prefix-cache` turns that off) and appending text the
-grammar forces without sampling it (`--no-jump-forward` turns that off); an idle server gathers a burst of
-requests for up to `--burst-window-ms` (30) before prefilling them together; `jaxchat chat` is a terminal chat against a model or a server URL;
+next start of the same model and shapes neither traces nor compiles them. Its KV cache is a pool of pages
+sized by memory (`--kv-cache-gib`, else a default per platform), shared between requests by prefix
+(`--no-prefix-cache` turns that off); text the grammar forces is appended without sampling
+(`--no-jump-forward` turns that off); an idle server gathers a burst of requests for up to
+`--burst-window-ms` (30) before running them together; `jaxchat chat` is a terminal chat against a model or
+a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint.
 Multi-host: `jaxchat serve --coordinator HOST:PORT --num-processes N --process-id I` (or no such flag on a
 TPU pod slice) is run once per process with the same other flags; they join one JAX runtime
@@ -32,8 +34,9 @@ from jaxchat.models.load import DTYPES, QUANTIZE
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF directory, .gguf file or orbax checkpoint (default: Qwen2.5-Coder-0.5B-Instruct)")
-    p.add_argument("--max-batch", type=int, default=8, help="concurrent sequences (slots)")
-    p.add_argument("--max-context", type=int, default=4096, help="tokens per sequence (prompt + completion)")
+    p.add_argument("--max-batch", type=int, default=8, help="requests that run at once (slots)")
+    p.add_argument("--max-context", type=int, default=4096,
+                   help="the most tokens one request may hold (prompt + completion); not a reservation")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weights and activations; auto: bfloat16 on TPU and GPU, float32 on CPU")
     p.add_argument("--quantize", choices=QUANTIZE, default=None,
@@ -50,22 +53,23 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("JAXCHAT_API_KEY"), help="require 'Authorization: Bearer KEY' (or set JAXCHAT_API_KEY)")
     serve.add_argument("--no-constrain", action="store_true", help="disable grammar-constrained decoding")
     serve.add_argument("--no-prefix-cache", action="store_true",
-                       help="prefill every prompt whole (default: reuse the K/V an idle slot holds of the prompt's prefix)")
+                       help="run every prompt whole (default: full KV pages an earlier request left with the same "
+                            "tokens from the start are shared, e.g. a system prompt, an agent's previous turn)")
+    serve.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB",
+                       help="memory of the KV page pool (default: on TPU/GPU 85%% of what the weights leave, on CPU at "
+                            "most 4 GiB; either way no more than --max-batch requests of --max-context need)")
+    serve.add_argument("--page-size", type=int, default=None, metavar="N",
+                       help="tokens per KV page (default 16 on CPU and GPU, 64 on TPU)")
+    serve.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
+                       help="the most tokens one step runs over all its requests; longer prompts run in chunks "
+                            "(default 512 on CPU, 2048 on TPU/GPU)")
     serve.add_argument("--no-jump-forward", action="store_true",
                        help="one device step per token (default: text the grammar forces is appended without "
                             "sampling, in one step; either way it is spelled as the tokenizer spells it)")
-    serve.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                       help="prompts arriving while others decode are prefilled in chunks inside their decode steps, "
-                            "up to N prompt tokens per step over all arrivals, so running requests never stall (0: "
-                            "prefill programs of their own; default 64 on TPU/GPU, 0 on CPU, where it measured no "
-                            "faster and adds programs)")
-    serve.add_argument("--no-batched-prefill", action="store_true",
-                       help="prefill each arrival in a program of its own (default: arrivals admitted together "
-                            "whose prompts are short, e.g. turns whose prefix the cache holds, share one program)")
     serve.add_argument("--burst-window-ms", type=float, default=None, metavar="MS",
                        help="an idle server woken by a request waits while more arrive (each within 3 ms of the "
                             "last) and while requests it is still reading have not reached the engine, at most MS "
-                            "ms, to prefill a burst together (default 30; 0: admit at once)")
+                            "ms, to run a burst together (default 30; 0: admit at once)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -124,8 +128,8 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
     engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
-                       jump_forward=not args.no_jump_forward, prefill_chunk=args.prefill_chunk,
-                       prefill_batches=() if args.no_batched_prefill else None)
+                       jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
+                       page_size=args.page_size, max_step_tokens=args.max_step_tokens)
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
                            else min(BURST_GAP_S, args.burst_window_ms / 1000))
@@ -242,9 +246,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _positive(args, "max_batch", "max_context", "port")
-    if (getattr(args, "prefill_chunk", None) or 0) < 0:
-        raise SystemExit("jaxchat: error: --prefill-chunk must be 0 (off) or positive")
+    _positive(args, "max_batch", "max_context", "port", "kv_cache_gib", "page_size", "max_step_tokens")
     if (getattr(args, "burst_window_ms", None) or 0) < 0:
         raise SystemExit("jaxchat: error: --burst-window-ms must be 0 (off) or positive")
     if args.command == "serve":

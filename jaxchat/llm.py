@@ -8,13 +8,17 @@ dicts); `.generate(prompt, max_tokens=..., temperature=0.0, ignore_eos=False)` r
 with `.text` and `.token_ids` (its other keyword arguments are the sampling fields of
 `jaxchat.api.Sampling`; any other is a TypeError). Requests are read by the same `jaxchat.api` readers, with the same
 `Limits`, as the server's, so a bad call raises `jaxchat.chat.RequestError` naming the field.
-`LLM.from_service(service)` wraps an already built pipeline. Only `jaxchat.api` is used: no starlette.
+`LLM.from_service(service)` wraps an already built pipeline. `.close()`, leaving a `with LLM(...)` block, or
+dropping the last reference (a finaliser) stops the engine's thread and releases its device buffers and compiled
+programs, so a notebook can build and drop models for as long as it likes. Only `jaxchat.api` is used: no
+starlette.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
@@ -56,6 +60,9 @@ class LLM:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jaxchat-llm", daemon=True)
         self._thread.start()
+        # closing, leaving a `with` block or dropping the last reference: the engine's thread, device buffers
+        # and programs are released, and the event loop's thread ends
+        self._finalizer = weakref.finalize(self, _close, service, self._loop, self._thread)
 
     @property
     def chat_format(self) -> str:
@@ -101,11 +108,20 @@ class LLM:
         return Completion(result.text, result.token_ids, result.finish_reason)
 
     def close(self) -> None:
-        self.service.close()
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._finalizer()
 
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _close(service: ChatService, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    service.close()
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+    if thread is not threading.current_thread():
+        thread.join(timeout=30)
+    if not thread.is_alive() and not loop.is_closed():
+        loop.close()

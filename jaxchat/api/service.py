@@ -147,6 +147,10 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
         if len(prompt_ids) >= self.max_context:
             raise RequestError(param, f"the prompt has {len(prompt_ids)} tokens, but the model's context is "
                                f"{self.max_context} tokens")
+        fits = getattr(self.engine, "prompt_fits", None)
+        if fits is not None and not fits(len(prompt_ids)):
+            raise RequestError(param, f"the prompt has {len(prompt_ids)} tokens, more than the server's KV cache "
+                               "can ever hold (see jaxchat serve --kv-cache-gib)")
         return prompt_ids
 
     def _sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
@@ -288,6 +292,7 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
             "programs_loaded": s.get("programs_loaded", 0),
             "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
             "jump_forward_tokens": s.get("jump_forward_tokens", 0),
+            **{k: s[k] for k in ("kv_pages_used", "kv_pages_total", "preemptions") if k in s},
         }
 
 

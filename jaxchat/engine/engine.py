@@ -213,7 +213,8 @@ class Engine:
         step_model = model.step_model(params, mesh_platform(self.mesh))
         page = page_size or default_page_size(self.mesh)
         pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
-        step_tokens = max_step_tokens or default_step_tokens(self.mesh)
+        # no step can hold more than every row's whole context
+        step_tokens = min(max_step_tokens or default_step_tokens(self.mesh), max_batch * max_context)
         identity = program_identity(model)
         self.runner = StepRunner(
             step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab, valid_vocab=valid_vocab,

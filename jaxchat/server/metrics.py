@@ -13,11 +13,13 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
 * gauges from `service.stats()`: `requests_running`, `requests_waiting`, `batch_slots_total`,
   `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles` (XLA compiles in the process, persistent-cache
   loads included), `compile_cache_hits` (those the persistent compilation cache answered), `programs_loaded`
-  (step programs loaded as serialized executables: neither traced nor compiled), plus `service_<key>` for any
-  other numeric entry;
-* `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache;
+  (step programs loaded as serialized executables: neither traced nor compiled), `kv_pages_used` and
+  `kv_pages_total` (the KV page pool: pages requests hold, and all pages), plus `service_<key>` for any other
+  numeric entry;
+* `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache; `preemptions_total`:
+  requests whose pages were taken back when the pool ran dry (recomputed later);
   `jump_forward_tokens_total`: output tokens a grammar forced, appended without sampling (counters fed from
-  the service's running totals `prefix_cache_hit_tokens` and `jump_forward_tokens`).
+  the service's running totals `prefix_cache_hit_tokens`, `jump_forward_tokens` and `preemptions`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ _KNOWN_STATS = {
     "compiles": "compiles",
     "compile_cache_hits": "compile_cache_hits",
     "programs_loaded": "programs_loaded",
+    "kv_pages_used": "kv_pages_used",
+    "kv_pages_total": "kv_pages_total",
 }
 
 
@@ -79,6 +83,8 @@ class Metrics:
             "jump_forward_tokens": [Counter("jaxchat_jump_forward_tokens",
                                             "Output tokens a grammar forced, appended without sampling",
                                             registry=r), 0],
+            "preemptions": [Counter("jaxchat_preemptions", "Requests preempted when the KV pool ran dry",
+                                    registry=r), 0],
         }
         self._stat_gauges: dict[str, Gauge] = dict.fromkeys(self._totals)  # counters, not gauges
         for key, name in _KNOWN_STATS.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import jax
 import numpy as np
 import pytest
 
@@ -37,7 +38,7 @@ def run_sync(engine, plan):
                 sched.abort(arg)
         sched.step()
         step += 1
-    assert sched.n_active == 0
+    assert not sched.running
     return outs
 
 
@@ -51,7 +52,7 @@ def req(rid, prompt="hello world", **kw):
     return GenerationRequest(TOK.encode(prompt), SamplingParams(**kw), constraint, rid)
 
 
-def test_batch_isolation_with_joins_leaves_and_moves(engine):
+def test_batch_isolation_with_joins_leaves_and_aborts(engine):
     alone = run_sync(engine, {0: [("submit", req("p", max_tokens=24))]})["p"]
     assert alone[-1].finish_reason == "length" and len(ids_of(alone)) == 24
     plan = {
@@ -140,10 +141,10 @@ def test_abort_frees_the_slot(engine):
     sched.submit(req("long", max_tokens=1000), got.append)
     sched.step()
     sched.step()
-    assert sched.n_active == 1 and engine.stats()["free_slots"] == 3
+    assert len(sched.running) == 1 and engine.stats()["free_slots"] == 3
     sched.abort("long")
     sched.step()
-    assert sched.n_active == 0 and got[-1].finish_reason == "abort"
+    assert not sched.running and got[-1].finish_reason == "abort"
     assert engine.stats()["running"] == 0
 
 
@@ -181,18 +182,19 @@ def test_warmup_runs_the_small_programs_once_and_leaves_no_trace():
     primed, plain = Engine(FakeModel(TOK, eos=(EOS,)), **shapes), Engine(FakeModel(TOK, eos=(EOS,)), **shapes)
     runner, ran = primed.runner, []
     run = runner._run
-    runner._run = lambda key, program, args: (ran.append(key), run(key, program, args))[1]
+    runner._run = lambda key, args: (ran.append(key), run(key, args))[1]
     try:
         runner.warmup(prime=True)
     finally:
         del runner._run
     plain.runner.warmup(prime=False)
     decodes = {key for key in runner._compiled if key[0] == "decode"}
-    prefills = {key for key in runner._compiled if key[0] == "prefill"}
+    ragged = {key for key in runner._compiled if key[0] == "ragged"}
     assert decodes and decodes <= set(ran)
-    assert {key for key in prefills if key[1] <= PRIME_TOKENS} == {key for key in ran if key[0] == "prefill"}
-    assert any(key[1] > PRIME_TOKENS for key in prefills)  # a long bucket is compiled but not run
+    assert {key for key in ragged if key[1] <= PRIME_TOKENS} == {key for key in ran if key[0] == "ragged"}
+    assert any(key[1] > PRIME_TOKENS for key in ragged)  # a long bucket is compiled but not run
     assert not np.asarray(runner.state.counts).any() and not np.asarray(runner.state.prompt_mask).any()
+    assert not any(np.asarray(x).any() for x in jax.tree.leaves(runner.state.pools))  # nothing was written
     plan = {0: [("submit", req("a", max_tokens=9, temperature=0, repetition_penalty=1.5)),
                 ("submit", req("b", "hello there", max_tokens=7, temperature=0, frequency_penalty=1.0))],
             2: [("submit", req("c", "hi", max_tokens=5, temperature=0, presence_penalty=1.0))]}
