@@ -1,5 +1,5 @@
-"""Jump-forward in the engine: text a constraint forces is taken without sampling and run in one extend step,
-and greedy outputs are token-for-token those of sampling every token under the same masks, whatever the
+"""Jump-forward in the engine: text a constraint forces is taken without sampling and run in the row's next
+step beside the other rows' tokens, and greedy outputs are token-for-token those of sampling every token under the same masks, whatever the
 forced spans, penalties, stop strings and lengths, with several requests sharing the batch; forced tokens
 are counted and fewer device steps run. (The constraint-level checks are tests/constrain/test_jump_forward.py;
 the real pipeline with a grammar is at the end, slow.)"""
@@ -113,8 +113,7 @@ class LooseForcingConstraint:
 
 @pytest.fixture(scope="module")
 def engines():
-    # the 2- and 4-token buckets are those CPU engines give extend steps by default (default_min_prefill_bucket)
-    shapes = {"max_batch": 2, "max_context": 128, "length_buckets": (2, 4, 8, 32, 128), "start": False}
+    shapes = {"max_batch": 2, "max_context": 128, "max_step_tokens": 64, "start": False}
     on = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, prefix_cache=False)
     off = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, prefix_cache=False, jump_forward=False)
     yield on, off
@@ -159,9 +158,9 @@ def test_greedy_outputs_identical_with_and_without_jump_forward(engines, request
     assert off.scheduler.forced_tokens == 0
 
 
-def test_a_forced_span_is_taken_in_one_extend_step(engines):
+def test_a_forced_span_is_taken_in_one_step(engines):
     on, off = engines
-    spans = {0: "xyzxyzxyzxyzxyz", 20: "zyxzyxzyxzyx"}  # one at the start (rides in the prefill), one later
+    spans = {0: "xyzxyzxyzxyzxyz", 20: "zyxzyxzyxzyx"}  # one at the start (rides with the prompt), one later
     requests = [("hello there", SamplingParams(max_tokens=40), spans, 40)]
     forced, steps = on.scheduler.forced_tokens, on.scheduler.steps
     off_steps = off.scheduler.steps
@@ -171,43 +170,25 @@ def test_a_forced_span_is_taken_in_one_extend_step(engines):
     assert on.scheduler.steps - steps <= off.scheduler.steps - off_steps - taken + 2
 
 
-def test_extend_steps_run_in_the_smallest_bucket_that_fits(engines):
-    """A short forced run (the sampled token and two forced ones) takes the 4-token prefill program, not the
-    8-token one: on CPU each padded row costs compute."""
+def test_forced_tokens_ride_beside_the_other_rows_decode(engines):
+    """A row's sampled token and the forced text after it run in the same step as the other row's decode token:
+    one ragged step of both rows, no program of the jumping row's own."""
     on, _ = engines
     runner = on.runner
-    keys = []
-    chunk_call = runner._chunk_call
+    shapes = []
+    run_step = runner.run
 
-    def recording(*args, **kwargs):
-        call = chunk_call(*args, **kwargs)
-        keys.append((call[0], kwargs.get("extend", args[-1])))
-        return call
+    def recording(rows):
+        shapes.append(tuple(len(r.tokens) for r in rows))
+        return run_step(rows)
 
-    runner._chunk_call = recording
+    runner.run = recording
     try:
-        run(on, [("hello there", SamplingParams(max_tokens=12), {4: "xyz"}, 12)])
+        run(on, [("hello there", SamplingParams(max_tokens=12), {4: "xyz"}, 12),
+                 ("zzz", SamplingParams(max_tokens=12), {}, 12)])
     finally:
-        del runner._chunk_call
-    assert [key for key, extend in keys if extend] == [("prefill", 4)]
-
-
-def test_small_prompt_buckets_by_default_only_on_cpu_with_jump_forward_or_prefix_reuse():
-    from types import SimpleNamespace
-
-    from jaxchat.engine.engine import default_min_prefill_bucket
-    from jaxchat.engine.step import make_mesh
-
-    tpu = SimpleNamespace(devices=np.array([SimpleNamespace(platform="tpu")] * 4))
-    assert default_min_prefill_bucket(make_mesh(), jump_forward=True) == 2  # this machine's CPU devices
-    assert default_min_prefill_bucket(make_mesh(), jump_forward=False) == 8
-    assert default_min_prefill_bucket(make_mesh(), jump_forward=True, prefix_cache=True) == 1
-    assert default_min_prefill_bucket(tpu, jump_forward=True, prefix_cache=True) == 8
-    engine = Engine(FakeModel(TOK, eos=(EOS,)), max_batch=2, max_context=64, warmup=False, start=False,
-                    prefix_cache=False)
-    assert engine.runner.length_buckets == (2, 4, 8, 16, 32, 64)
-    engine = Engine(FakeModel(TOK, eos=(EOS,)), max_batch=2, max_context=64, warmup=False, start=False)
-    assert engine.runner.keep_prefixes and engine.runner.length_buckets == (1, 2, 4, 8, 16, 32, 64)
+        del runner.run
+    assert (3, 1) in shapes or (1, 3) in shapes, shapes  # [token, x, y] beside the other row's token
 
 
 @pytest.mark.parametrize("start", [0, 3])
@@ -264,12 +245,11 @@ def test_real_pipeline_named_tool_and_strict_schema():
 
         return asyncio.run(all_bodies())
 
-    service = build_chat_service(tiny_checkpoint(), max_batch=2, max_context=512, length_buckets=(64, 512),
-                                 batch_buckets=(2,), span_buckets=(512,))
+    service = build_chat_service(tiny_checkpoint(), max_batch=2, max_context=512, max_step_tokens=64)
     try:
         on = ask(service)
         metrics = Metrics(service).render().decode()
-        service.engine.scheduler.jump_forward = False
+        service.engine.scheduler.tokens.jump_forward = False
         off = ask(service)
     finally:
         service.close()
