@@ -268,26 +268,8 @@ class BroadcastRunner:
                 raise ClusterLost(self._link.lost_reason) from exc
             raise
 
-    def decode(self, *args, **kwargs):
-        return self._step("decode", *args, **kwargs)
-
-    def prefill(self, *args, **kwargs):
-        return self._step("prefill", *args, **kwargs)
-
-    def prefill_rows(self, *args, **kwargs):
-        return self._step("prefill_rows", *args, **kwargs)
-
-    def mixed(self, *args, **kwargs):
-        return self._step("mixed", *args, **kwargs)
-
-    def extend(self, *args, **kwargs):
-        return self._step("extend", *args, **kwargs)
-
-    def move(self, *args, **kwargs):
-        return self._step("move", *args, **kwargs)
-
-    def swap(self, *args, **kwargs):
-        return self._step("swap", *args, **kwargs)
+    def run(self, *args, **kwargs):
+        return self._step("run", *args, **kwargs)
 
 
 def follow(runner, link: FollowerLink) -> None:

@@ -35,7 +35,7 @@ def test_greedy_alone_batched_and_transformers_agree(family, tmp_path):
     with torch.no_grad():
         want = ref.generate(torch.tensor([prompt]), max_new_tokens=N, do_sample=False, suppress_tokens=[VOCAB - 1],
                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
-    llm = LLM(model=str(tmp_path), max_batch=4, max_context=64, length_buckets=(32, 64))  # few compiles
+    llm = LLM(model=str(tmp_path), max_batch=4, max_context=64, max_step_tokens=64)  # few compiles
     try:
         alone = llm.generate(prompt, max_tokens=N, ignore_eos=True).token_ids
 

@@ -31,7 +31,7 @@ def test_tiny_gemma4_generate_equals_transformers_alone_and_batched(tmp_path):
             logits[VOCAB - 1] = -float("inf")
             ids.append(int(logits.argmax()))
     want = ids[len(prompt):]
-    buckets = {"batch_buckets": (4,), "length_buckets": (64,), "span_buckets": (32, 64)}  # few programs to compile
+    buckets = {"decode_rows": (4,), "max_step_tokens": 64}  # few programs to compile
     llm = LLM(model=str(tmp_path), max_batch=4, max_context=64, **buckets)
     try:
         assert llm.generate(prompt, max_tokens=32, ignore_eos=True).token_ids == want

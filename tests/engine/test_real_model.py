@@ -67,7 +67,7 @@ def test_tiny_qwen2_isolation_and_transformers_parity(tmp_path):
 
     ckpt = make_checkpoint(tmp_path / "ckpt")
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(load_model(ckpt, "float32", None), max_batch=4, max_context=32, start=False)
+    engine = Engine(load_model(ckpt, "float32", None), max_batch=4, max_context=32, start=False, max_step_tokens=64)
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 20))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 20))
     assert mixed["p"] == alone
@@ -130,9 +130,10 @@ SHARDED = textwrap.dedent("""
     out = {}
     for name, devs in (("one", jax.devices()[:1]), ("eight", jax.devices())):
         mesh = make_mesh(devs)
-        e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=32, mesh=mesh, start=False)
+        e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=32, mesh=mesh, start=False,
+                   max_step_tokens=64)
         out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
-        out[name + "_cache_spec"] = str(jax.tree.leaves(e.runner.state.cache_k)[0].sharding.spec)
+        out[name + "_cache_spec"] = str(jax.tree.leaves(e.runner.state.pools)[0].sharding.spec)
     print(json.dumps(out))
 """)
 
@@ -163,9 +164,8 @@ def test_smollm2_gguf_batch_isolation():
     text = model.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
                                                add_generation_prompt=True, tokenize=False)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
-    # alone in the 1-row program, joined by 3 others in the 4-row one (CI time: 5 programs, not 9)
-    engine = Engine(model, max_batch=4, max_context=128, start=False, length_buckets=(64, 128), batch_buckets=(1, 4),
-                    span_buckets=(128,))
+    # alone in the 1-row program, joined by 3 others in the 4-row one (CI time: few programs)
+    engine = Engine(model, max_batch=4, max_context=128, start=False, max_step_tokens=64, decode_rows=(1, 4))
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone

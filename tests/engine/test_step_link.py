@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxchat.engine import step_link
-from jaxchat.engine.sampler import SamplingArrays
+from jaxchat.engine.step import RowInput
 from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, FollowerLink, LeaderLink, follow
 
 
@@ -29,26 +29,8 @@ class RecordingRunner:
             raise RuntimeError(f"{name} failed")
         return name
 
-    def decode(self, *a, **k):
-        return self._record("decode", *a, **k)
-
-    def prefill(self, *a, **k):
-        return self._record("prefill", *a, **k)
-
-    def prefill_rows(self, *a, **k):
-        return self._record("prefill_rows", *a, **k)
-
-    def mixed(self, *a, **k):
-        return self._record("mixed", *a, **k)
-
-    def extend(self, *a, **k):
-        return self._record("extend", *a, **k)
-
-    def move(self, *a, **k):
-        return self._record("move", *a, **k)
-
-    def swap(self, *a, **k):
-        return self._record("swap", *a, **k)
+    def run(self, *a, **k):
+        return self._record("run", *a, **k)
 
 
 def linked(on_lost=None, on_leader_lost=None):
@@ -70,23 +52,22 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     leader, follower = linked()
     runner, replica = RecordingRunner(), RecordingRunner()
     broadcast = BroadcastRunner(runner, leader)
-    sp = SamplingArrays.numpy(2)
-    assert broadcast.decode(np.array([5, 6], np.int32), np.array([3, -1], np.int32), np.zeros((2, 9), np.int32), sp) == "decode"
-    broadcast.prefill(1, [1, 2, 3], np.zeros((1, 9), np.int32), SamplingArrays.numpy(1), start=1, prompt_len=2)
-    broadcast.prefill_rows(2, [([1, 2, 3], 0, 3), ([1, 2, 4, 5], 2, 3)], np.zeros((2, 9), np.int32),
-                           SamplingArrays.numpy(2))
-    broadcast.mixed(np.array([5, 6], np.int32), np.array([3, -1], np.int32), [(1, [4, 5, 6], 0, [4, 5, 6], 3, True)],
-                    np.zeros((3, 9), np.int32), SamplingArrays.numpy(3), shape=(1, 8))
-    broadcast.extend(0, [7, 8], 4, np.ones((1, 9), np.int32), SamplingArrays.numpy(1))
-    broadcast.move(2, 0)
-    broadcast.swap(0, 1)
+    mask = np.full(9, -1, np.int32)
+    values = (0.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0, 7, 0, False)
+    steps = [
+        [RowInput(0, [1, 2, 3], 0, [4], True, 3, 3, True, mask, values)],
+        [RowInput(0, [9], 3, [4], False, 3, 4, True, mask, values),
+         RowInput(2, [5, 6, 7, 8, 9], 16, [1, 2, 8, 3, 5, 6], False, 2, 17, False, np.zeros(9, np.int32), values)],
+    ]
+    for rows in steps:
+        assert broadcast.run(rows) == "run"
     assert broadcast.max_context == 64  # anything else is the runner's own
     leader.stop()
     done = threading.Thread(target=follow, args=(replica, follower))
     done.start()
     done.join(timeout=10)
     assert not done.is_alive()
-    assert [c[0] for c in replica.calls] == ["decode", "prefill", "prefill_rows", "mixed", "extend", "move", "swap"]
+    assert [c[0] for c in replica.calls] == ["run", "run"]
     assert same(replica.calls, runner.calls)
 
 
@@ -96,7 +77,7 @@ def test_a_follower_that_exits_is_lost_at_once_and_later_steps_raise():
     follower._sock.shutdown(socket.SHUT_RDWR)  # as the kernel does for a process that exits
     assert leader.wait_lost(5) and "connection closed" in lost[0]
     with pytest.raises(ClusterLost):
-        BroadcastRunner(RecordingRunner(), leader).decode(np.zeros(1, np.int32))
+        BroadcastRunner(RecordingRunner(), leader).run([])
 
 
 def test_a_silent_follower_is_lost_after_the_heartbeat_timeout(monkeypatch):
@@ -112,10 +93,10 @@ def test_a_silent_follower_is_lost_after_the_heartbeat_timeout(monkeypatch):
 
 def test_a_step_that_fails_because_a_follower_died_raises_cluster_lost():
     leader, follower = linked()
-    broadcast = BroadcastRunner(RecordingRunner(fail_on="decode"), leader)
+    broadcast = BroadcastRunner(RecordingRunner(fail_on="run"), leader)
     threading.Timer(0.2, follower._sock.shutdown, args=(socket.SHUT_RDWR,)).start()
     with pytest.raises(ClusterLost):
-        broadcast.decode(np.zeros(1, np.int32))
+        broadcast.run([])
 
 
 def test_the_follower_notices_when_process_0_is_gone():

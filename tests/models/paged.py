@@ -6,7 +6,10 @@ jnp backend (`jaxchat.engine.attention_xla.XlaAttention`) over a uniform step of
 `rows(tokens, positions) -> logits [B, T, V]` (position -1: padding, its logits are garbage). The pools
 persist between calls, so a prefill then one-token calls run through the pages as the engine's steps do.
 `run_ragged(rows, runs)` runs one ragged step instead: rows of different token counts packed back to back
-(what the engine's steps are), for models whose caches are all positional.
+(what the engine's steps are), for models whose caches are all positional. `rows(..., first_row=k)` runs the
+step's B rows as rows k .. k + B - 1 of the pool (their pages and state slots: the rest are left alone), and
+`rows.place(mesh)` puts the pools on a mesh as the engine's step runner does (each array's kv heads, or a state's
+channels, over 'tp' where their count divides by its size; otherwise replicated).
 """
 
 from __future__ import annotations
@@ -39,21 +42,42 @@ class PagedRows:
         self._forward = jit(forward, static_argnames=("uniform",))
         self.ragged_forward = jit(forward)
 
-    def step_inputs(self, positions: np.ndarray) -> StepInputs:
+    def place(self, mesh) -> PagedRows:
+        """Put the pools on `mesh` as the engine does (on its 1-D 'tp' mesh): axis `head_axis` (kv heads of a
+        page array, channels or heads of a state array) over 'tp' where it divides by its size, otherwise
+        replicated."""
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        head_axis = 2 if self.layout == "stacked" and self.lm.stacked else 1
+        n = dict(mesh.shape).get("tp", 0)
+
+        def sharding(x):
+            if not n or x.ndim <= head_axis or x.shape[head_axis] % n:
+                return NamedSharding(mesh, P())
+            return NamedSharding(mesh, P(*("tp" if a == head_axis else None for a in range(x.ndim))))
+
+        self.pools = jax.device_put(self.pools, jax.tree.map(sharding, self.pools))
+        return self
+
+    def step_inputs(self, positions: np.ndarray, first_row: int = 0) -> StepInputs:
         b, t = positions.shape
         pos = positions.reshape(-1).astype(np.int32)
         rows = np.repeat(np.arange(b, dtype=np.int32), t)
-        slots = np.where(pos >= 0, self.tables[rows, np.maximum(pos, 0) // self.page_size] * self.page_size
+        tables = self.tables[first_row:first_row + b]
+        assert len(tables) == b, (first_row, b, self.rows)
+        slots = np.where(pos >= 0, tables[rows, np.maximum(pos, 0) // self.page_size] * self.page_size
                          + np.maximum(pos, 0) % self.page_size, -1).astype(np.int32)
         return StepInputs(jnp.asarray(pos), jnp.asarray(rows), jnp.asarray(np.arange(b + 1, dtype=np.int32) * t),
-                          jnp.asarray(positions.max(axis=1).astype(np.int32) + 1), jnp.asarray(self.tables[:b]),
-                          jnp.asarray(slots), jnp.arange(b, dtype=jnp.int32), jnp.asarray([b], jnp.int32))
+                          jnp.asarray(positions.max(axis=1).astype(np.int32) + 1), jnp.asarray(tables),
+                          jnp.asarray(slots), jnp.arange(first_row, first_row + b, dtype=jnp.int32),
+                          jnp.asarray([b], jnp.int32))
 
-    def __call__(self, tokens, positions, head_vd=None, logits_index=None) -> np.ndarray:
+    def __call__(self, tokens, positions, head_vd=None, logits_index=None, first_row: int = 0) -> np.ndarray:
         tokens, positions = np.asarray(tokens, np.int32), np.asarray(positions, np.int32)
         b, t = tokens.shape
         logits, self.pools = self._forward(self.params, jnp.asarray(tokens.reshape(-1)), self.pools,
-                                           self.step_inputs(positions), uniform=(b, t), head_vd=head_vd,
+                                           self.step_inputs(positions, first_row), uniform=(b, t), head_vd=head_vd,
                                            logits_index=logits_index)
         return np.asarray(logits) if logits_index is not None else np.asarray(logits).reshape(b, t, -1)
 

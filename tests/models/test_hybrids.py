@@ -1,6 +1,7 @@
 """The Gated DeltaNet hybrids (qwen3_next, qwen3_5_text, qwen3_5_moe): the chunked delta rule against the
-per-token recurrence, prompts longer than one scan chunk, padding and state resets, configs, orbax, and the
-engine (batch isolation with per-row recurrent state, transformers' greedy tokens, no recompiles)."""
+per-token recurrence, prompts longer than one scan chunk, padding and state resets (through the paged step:
+state slots beside the KV pages), configs, orbax, and the engine (batch isolation with per-row recurrent state,
+transformers' greedy tokens, no recompiles)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from jaxchat.models import ModelConfig, empty_cache, load_model, save_orbax
+from jaxchat.models import ModelConfig, load_model, save_orbax
+from jaxchat.models.base import RecurrentState
 from jaxchat.models.deltanet import chunk_delta_rule as chunked
 from jaxchat.models.deltanet import recurrent_step
 
 from .conftest import HYBRIDS
+from .paged import PagedRows
 
 TOL = 1e-4
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,20 +74,30 @@ def test_prompt_longer_than_one_scan_chunk(family, hybrids):
     lm, ref_model = hybrids[family]
     ids = np.random.default_rng(7).integers(0, 256, (1, 80))
     ref = reference_logits(ref_model, ids)
-    fwd = jax.jit(lm.forward)
-    toks, pos = jnp.asarray(ids, jnp.int32), jnp.arange(80, dtype=jnp.int32)[None]
-    ck, cv = empty_cache(lm.config, 1, 96, jnp.float32)
-    logits, ck, cv = fwd(lm.params, toks[:, :70], pos[:, :70], ck, cv)
-    out = [np.asarray(logits)]
-    for t in range(70, 80):
-        logits, ck, cv = fwd(lm.params, toks[:, t:t + 1], pos[:, t:t + 1], ck, cv)
-        out.append(np.asarray(logits))
+    pos = np.arange(80)[None]
+    rows = PagedRows(lm, 1, 96)
+    out = [rows(ids[:, :70], pos[:, :70])]
+    out += [rows(ids[:, t:t + 1], pos[:, t:t + 1]) for t in range(70, 80)]
     assert np.abs(np.concatenate(out, axis=1) - ref).max() <= TOL
 
 
+def row_parts(lm, rows: PagedRows, pools, row: int):
+    """Everything of `pools` that belongs to `row`: its recurrent states' slot and its KV pages, per layer."""
+    from jaxchat.models.families import family_module
+
+    dims = family_module(lm.config.family).Model.cache_dims(lm.config)
+    parts = []
+    for dim, entry in zip(dims, pools, strict=True):
+        if isinstance(dim, RecurrentState):
+            parts += [np.asarray(x)[row] for x in entry]
+        elif dim is not None:
+            parts += [np.asarray(x)[rows.tables[row]] for x in entry]
+    return parts
+
+
 def test_padding_and_stale_state_rows_are_independent(hybrids):
-    """Rows padded on both sides in one batch, over a cache full of stale state (a position-0 token resets the
-    row), equal each row alone; an idle row (position -1) in decode keeps its state."""
+    """Rows padded on both sides in one step, over pools full of stale state (a position-0 token resets the
+    row's state slot), equal each row alone; an idle row (position -1) in decode keeps its state and pages."""
     lm, ref_model = hybrids["qwen3_5_moe"]
     rng = np.random.default_rng(2)
     a, b = rng.integers(0, 256, 13), rng.integers(0, 256, 9)
@@ -92,20 +105,27 @@ def test_padding_and_stale_state_rows_are_independent(hybrids):
     pos = -np.ones((2, 16), np.int32)
     toks[0, :13], pos[0, :13] = a, np.arange(13)
     toks[1, 3:12], pos[1, 3:12] = b, np.arange(9)
-    ck, cv = empty_cache(lm.config, 2, 24, jnp.float32)
-    ck, cv = jax.tree.map(lambda x: x + 7.0, ck), jax.tree.map(lambda x: x - 3.0, cv)
-    fwd = jax.jit(lm.forward)
-    logits, ck, cv = fwd(lm.params, jnp.asarray(toks), jnp.asarray(pos), ck, cv)
-    assert np.abs(np.asarray(logits)[0, :13] - reference_logits(ref_model, a[None])[0]).max() <= TOL
-    assert np.abs(np.asarray(logits)[1, 3:12] - reference_logits(ref_model, b[None])[0]).max() <= TOL
-    idle, ck2, cv2 = fwd(lm.params, jnp.asarray([[5], [0]], jnp.int32), jnp.asarray([[13], [-1]], jnp.int32), ck, cv)
+    rows = PagedRows(lm, 2, 24)
+    leaves, tree = jax.tree.flatten(rows.pools)
+    rows.pools = jax.tree.unflatten(tree, [x + (7.0 if i % 2 else -3.0) for i, x in enumerate(leaves)])
+    logits = rows(toks, pos)
+    assert np.abs(logits[0, :13] - reference_logits(ref_model, a[None])[0]).max() <= TOL
+    assert np.abs(logits[1, 3:12] - reference_logits(ref_model, b[None])[0]).max() <= TOL
+    before = rows.pools
+    idle = rows(np.array([[5], [0]]), np.array([[13], [-1]]))
     ra = reference_logits(ref_model, np.concatenate([a, [5]])[None])[0, -1]
-    assert np.abs(np.asarray(idle)[0, 0] - ra).max() <= TOL
-    for before, after in zip(jax.tree.leaves((ck, cv)), jax.tree.leaves((ck2, cv2)), strict=True):
-        np.testing.assert_array_equal(np.asarray(before)[1], np.asarray(after)[1])  # the idle row is untouched
-    step, _, _ = fwd(lm.params, jnp.asarray([[5], [6]], jnp.int32), jnp.asarray([[13], [9]], jnp.int32), ck, cv)
+    assert np.abs(idle[0, 0] - ra).max() <= TOL
+    kept, now = row_parts(lm, rows, before, 1), row_parts(lm, rows, rows.pools, 1)
+    assert len(kept) == 8  # 2 DeltaNet layers' conv window and matrix, 2 attention layers' keys and values
+    for x, y in zip(kept, now, strict=True):
+        np.testing.assert_array_equal(x, y)  # the idle row is untouched
+    assert any(np.abs(x - y).max() > 0 for x, y in zip(row_parts(lm, rows, before, 0),
+                                                         row_parts(lm, rows, rows.pools, 0), strict=True))
+    rows.pools = before
+    step = rows(np.array([[5], [6]]), np.array([[13], [9]]))
     rb = reference_logits(ref_model, np.concatenate([b, [6]])[None])[0, -1]
-    assert np.abs(np.asarray(step)[1, 0] - rb).max() <= TOL
+    assert np.abs(step[0, 0] - ra).max() <= TOL
+    assert np.abs(step[1, 0] - rb).max() <= TOL
 
 
 @pytest.mark.parametrize("family", HYBRIDS)
@@ -135,8 +155,8 @@ def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
 
     lm, ref_model = hybrids[family]
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(lm, max_batch=4, max_context=48, start=False, batch_buckets=(2, 4), length_buckets=(32,),
-                    span_buckets=(48,))  # few buckets, few compiles; batch 2 reads rows 0..1 of 4 cache rows
+    engine = Engine(lm, max_batch=4, max_context=48, start=False, decode_rows=(2, 4),
+                    max_step_tokens=32)  # few programs, few compiles; 2-row decodes read 2 of the 4 state slots
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone
@@ -188,18 +208,19 @@ SHARDED = textwrap.dedent("""
     for path, counts in zip(sys.argv[1::2], sys.argv[2::2]):
         for n in map(int, counts.split(",")):
             e = Engine(load_model(path, "float32", None), max_batch=4, max_context=48, mesh=make_mesh(jax.devices()[:n]),
-                       start=False, batch_buckets=(4,), length_buckets=(32,), span_buckets=(48,))
+                       start=False, decode_rows=(4,), max_step_tokens=32)
             out[f"{path}:{n}"] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
-            out[f"{path}:specs{n}"] = [str(x.sharding.spec) for x in e.runner.state.cache_k[0]]  # layer 0's state
+            out[f"{path}:specs{n}"] = [str(x.sharding.spec) for x in e.runner.state.pools[0]]  # layer 0's state
     print(json.dumps(out))
 """)
 
 
 def test_sharded_over_fake_devices_equals_unsharded(tiny_dirs):
     """Greedy output on 4 and 8 fake CPU devices equals one device, for a DeltaNet hybrid and for LFM2 (one
-    subprocess for both). qwen3_next on 4: the matrix state [B, 4 heads, dk, dv] shards its heads over 'tp'
-    (its conv window and 8 devices stay replicated: nothing divides). lfm2 on 8: the conv window [B, 64
-    channels, L-1] shards its channels over 'tp', as the in-projection that fills it does."""
+    subprocess for both). The engine's state slots shard their second axis over 'tp' where it divides: qwen3_next
+    on 4: the matrix state [slots, 4 heads, dk, dv] splits its heads (its conv window [slots, L-1, channels], and
+    the heads on 8 devices, stay replicated: nothing divides). lfm2 on 8: the conv window [slots, 64 channels,
+    L-1] splits its channels."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
     nxt, lfm = str(tiny_dirs["qwen3_next"][0]), str(tiny_dirs["lfm2"][0])

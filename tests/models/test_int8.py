@@ -21,24 +21,24 @@ from jaxchat.models import FAMILIES, load_model
 from jaxchat.models import quantize as quantize_mod
 from jaxchat.models.quant import Int8Weight, qeinsum, quantize_weight
 
+from .paged import PagedRows
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = np.random.default_rng(0).integers(0, 256, (1, 64)).astype(np.int32)
 
 
-FAST_COMPILE = {"xla_backend_optimization_level": 0}  # halves compile time; the numbers are the same ops
-
-
 def logits(model, params):
-    """The model's fp32 logits [T, V] over PROMPT, from one jitted forward per params structure."""
-    ck, cv = model.empty_cache(1, PROMPT.shape[1])
-    args = (params, jnp.asarray(PROMPT), jnp.arange(PROMPT.shape[1], dtype=jnp.int32)[None], ck, cv)
-    key = (id(model), jax.tree.structure(params))
-    if key not in _COMPILED:
-        _COMPILED[key] = jax.jit(model.forward).lower(*args).compile(compiler_options=FAST_COMPILE)
-    return np.asarray(_COMPILED[key](*args)[0][0])
+    """The model's fp32 logits [T, V] over PROMPT in one paged step over zeroed pools, from one jitted forward
+    per model and params structure (`PagedRows` compiles at XLA's lowest optimisation level: the same ops)."""
+    if id(model) not in _ROWS:  # the model is kept alive beside its rows: its id is never reused
+        rows = PagedRows(model, 1, PROMPT.shape[1])
+        _ROWS[id(model)] = (model, rows, rows.pools)
+    _, rows, zeros = _ROWS[id(model)]
+    rows.params, rows.pools = params, zeros
+    return rows(PROMPT, np.arange(PROMPT.shape[1])[None])[0]
 
 
-_COMPILED: dict = {}
+_ROWS: dict = {}
 
 
 def half_step_noise(params, q, seed: int = 1):
@@ -137,8 +137,7 @@ def test_int8_engine_masked_decoding_without_recompiles(tmp_path):
     from tests.engine.test_real_model import greedy, isolation_plan, make_checkpoint, run_plan
 
     model = load_model(make_checkpoint(tmp_path / "ckpt"), "float32", quantize="int8")
-    engine = Engine(model, max_batch=4, max_context=64, start=False, batch_buckets=(4,), length_buckets=(32,),
-                    span_buckets=(64,))
+    engine = Engine(model, max_batch=4, max_context=64, start=False, decode_rows=(4,), max_step_tokens=32)
     prompt = [11, 12, 13, 14, 15, 16, 17]
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 12))]})["p"]
     before = compile_count()
@@ -155,16 +154,17 @@ def test_int8_engine_masked_decoding_without_recompiles(tmp_path):
 
 SHARDED = textwrap.dedent("""
     import json, sys
-    import jax, jax.numpy as jnp, numpy as np
+    import jax, numpy as np
     from jaxchat.engine.step import make_mesh
     from jaxchat.models import load_model
-    prompt = jnp.asarray(np.arange(11, 43, dtype=np.int32)[None])
-    pos = jnp.arange(32, dtype=jnp.int32)[None]
+    from tests.models.paged import PagedRows
+    prompt = np.arange(11, 43, dtype=np.int32)[None]
+    pos = np.arange(32)[None]
     out = {}
     for n in (1, 8):
-        model = load_model(sys.argv[1], "float32", make_mesh(jax.devices()[:n]), quantize="int8")
-        ck, cv = model.empty_cache(1, 32)
-        out[n] = np.asarray(jax.jit(model.forward)(model.params, prompt, pos, ck, cv)[0]).tolist()
+        mesh = make_mesh(jax.devices()[:n])
+        model = load_model(sys.argv[1], "float32", mesh, quantize="int8")
+        out[n] = PagedRows(model, 1, 32).place(mesh)(prompt, pos)[0].tolist()  # the pools placed as the engine's
         qkv = model.params["layers"]["attn"]["qkv"]
         out[f"specs{n}"] = [str(qkv.values.sharding.spec), str(qkv.scale.sharding.spec)]
     print(json.dumps(out))

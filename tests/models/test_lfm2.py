@@ -1,19 +1,19 @@
 """LFM2 and LFM2-MoE beyond the shared parity tests: config parsing (4.x aliases, the MLP size adjustment),
-strict expert tables, the conv state's rules (reset at position 0, padding never enters it, rows of a
-bigger cache), and the engine: batch isolation with state, transformers' greedy tokens, no recompiles."""
+strict expert tables, the conv state's rules (reset at position 0, padding never enters it, a step's rows in
+state slots of a bigger pool), and the engine: batch isolation with state, transformers' greedy tokens, no recompiles."""
 
 from __future__ import annotations
 
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
-from jaxchat.models import ModelConfig, ModelLoadError, empty_cache, load_model
+from jaxchat.models import ModelConfig, ModelLoadError, load_model
 
+from .paged import PagedRows
 from .test_loading import _rewrite
 
 TOL = 1e-4
@@ -60,28 +60,33 @@ def test_missing_expert_and_unmapped_tensors_are_named(tiny_dirs, tmp_path):
 
 
 def test_conv_state_rows_reset_and_padding(tiny_dirs):
-    """Rows 1..2 of a 4-row cache: row 1 prefills a prompt (padding after it) over a stale state, row 2 is
-    idle (all padding) and keeps its state; then row 1 decodes on. Equals transformers on the prompt."""
+    """Rows 1..2 of a 4-row pool (state slots and pages): row 1 prefills a prompt (padding after it) over a
+    stale state, row 2 is idle (all padding) and keeps its state; then row 1 decodes on. Equals transformers
+    on the prompt."""
     lm = load_model(tiny_dirs["lfm2"][0])
     ref_model = tiny_dirs["lfm2"][1]
     prompt = np.random.default_rng(7).integers(0, 256, 9)
-    ck, cv = empty_cache(lm.config, 4, 24, jnp.float32)
-    ck = jax.tree.map(lambda a: a + 5.0, ck)
-    before = [np.asarray(layer[0]) for layer in ck if layer and layer[0].ndim == 3]  # conv states [B, d, L-1]
+    rows = PagedRows(lm, 4, 24)
+    rows.pools = jax.tree.map(lambda a: a + 5.0, rows.pools)
+
+    def conv_states():  # [slots, d, L-1] per conv layer
+        return [np.asarray(entry[0]) for entry in rows.pools if len(entry) == 1 and entry[0].ndim == 3]
+
+    before = conv_states()
+    assert len(before) == 2 and before[0].shape[0] == 4
     toks = np.zeros((2, 12), np.int32)
     pos = -np.ones((2, 12), np.int32)
     toks[0, :9], pos[0, :9] = prompt, np.arange(9)
-    fwd = jax.jit(lm.forward)
-    logits, ck, cv = fwd(lm.params, jnp.asarray(toks), jnp.asarray(pos), ck, cv, row_offset=1)
+    logits = rows(toks, pos, first_row=1)
     with torch.no_grad():
         ref = ref_model(torch.tensor(np.concatenate([prompt, [42]])[None])).logits.numpy()[0]
-    assert np.abs(np.asarray(logits)[0, :9] - ref[:9]).max() <= TOL
-    after = [np.asarray(layer[0]) for layer in ck if layer and layer[0].ndim == 3]
+    assert np.abs(logits[0, :9] - ref[:9]).max() <= TOL
+    after = conv_states()
     for b, a in zip(before, after, strict=True):
         np.testing.assert_array_equal(a[[0, 2, 3]], b[[0, 2, 3]])  # other rows and the idle row untouched
-    step, _, _ = fwd(lm.params, jnp.asarray([[42], [0]], jnp.int32), jnp.asarray([[9], [-1]], jnp.int32), ck, cv,
-                     row_offset=1)
-    assert np.abs(np.asarray(step)[0, 0] - ref[9]).max() <= TOL
+        assert np.abs(a[1] - b[1]).min() > 0  # row 1's slot now holds its prompt's state
+    step = rows(np.array([[42], [0]]), np.array([[9], [-1]]), first_row=1)
+    assert np.abs(step[0, 0] - ref[9]).max() <= TOL
 
 
 @pytest.mark.parametrize("family", ["lfm2", "lfm2_moe"])
@@ -93,7 +98,7 @@ def test_engine_isolation_greedy_parity_and_no_recompiles(family, tiny_dirs):
 
     d, ref_model = tiny_dirs[family]
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(load_model(d), max_batch=4, max_context=48, length_buckets=(32,), start=False)
+    engine = Engine(load_model(d), max_batch=4, max_context=48, max_step_tokens=32, start=False)
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 14))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 14))
     assert mixed["p"] == alone
@@ -115,6 +120,5 @@ def test_moe_many_assignments_match_transformers(tiny_dirs):
     assert ids.size * lm.config.num_experts_per_tok > SCAN_MAX_ROWS
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids)).logits.numpy()
-    pos = jnp.broadcast_to(jnp.arange(32, dtype=jnp.int32), (5, 32))
-    logits, _, _ = jax.jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, *empty_cache(lm.config, 5, 40))
-    assert np.abs(np.asarray(logits) - ref).max() <= TOL
+    logits = PagedRows(lm, 5, 40)(ids, np.broadcast_to(np.arange(32), (5, 32)))
+    assert np.abs(logits - ref).max() <= TOL

@@ -157,17 +157,17 @@ def test_gpt_oss_config_of_the_real_checkpoint():
     assert cfg.is_sliding[:4] == (True, False, True, False) and cfg.sliding_window == 128
     assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.eos_token_ids == (200002,)
     assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg
+
+
 def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
     """A `gemma4` checkpoint (Gemma4ForConditionalGeneration: the text model under model.language_model.)
     loads as gemma4_text and gives transformers' logits."""
-    import jax.numpy as jnp
     import numpy as np
     import torch
     import transformers as tf
 
-    from jaxchat.models import empty_cache
-
     from .conftest import COMMON, GEMMA4
+    from .paged import PagedRows
 
     torch.manual_seed(0)
     ref = tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(text_config={**COMMON, **GEMMA4}, vision_config=None,
@@ -178,9 +178,8 @@ def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
     ids = np.arange(12)[None] * 13 % 256
     with torch.no_grad():
         want = ref(input_ids=torch.tensor(ids)).logits.float().numpy()
-    got, _, _ = lm.forward(lm.params, jnp.asarray(ids, jnp.int32), jnp.arange(12, dtype=jnp.int32)[None],
-                           *empty_cache(lm.config, 1, 16, jnp.float32))
-    assert np.abs(np.asarray(got) - want).max() <= 1e-4
+    got = PagedRows(lm, 1, 16)(ids, np.arange(12)[None])
+    assert np.abs(got - want).max() <= 1e-4
 
 
 def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):

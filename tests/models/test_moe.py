@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jaxchat.models import ModelLoadError, empty_cache, load_model, moe
+from jaxchat.models import ModelLoadError, load_model, moe
 
 from .conftest import build_tiny
+from .paged import PagedRows
 from .test_parity import TOL, reference_logits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,9 +55,7 @@ def test_expert_paths_match_a_dense_reference(scan, monkeypatch):
 
 
 def _logits(lm, ids):
-    ck, cv = empty_cache(lm.config, ids.shape[0], ids.shape[1], jnp.float32)
-    pos = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
-    return np.asarray(jax.jit(lm.forward)(lm.params, jnp.asarray(ids, jnp.int32), pos, ck, cv)[0])
+    return PagedRows(lm, ids.shape[0], ids.shape[1])(ids, np.broadcast_to(np.arange(ids.shape[1]), ids.shape))
 
 
 def test_fused_expert_naming_loads_the_same_model(tiny_dirs, tmp_path):
@@ -93,7 +92,7 @@ def test_unnormalised_topk_matches_transformers(tmp_path):
 
 def test_mixed_dense_and_sparse_layers_match_transformers(tmp_path):
     """mlp_only_layers and decoder_sparse_step > 1 (dense layers between sparse ones): listed layers, full
-    forward and prefill-then-decode through the per-layer cache equal transformers."""
+    forward and prefill-then-decode through the per-layer pools equal transformers."""
     ref_model = build_tiny("qwen3_moe", tmp_path, num_hidden_layers=4, mlp_only_layers=[1], decoder_sparse_step=2,
                            intermediate_size=48)
     lm = load_model(tmp_path)
@@ -103,42 +102,34 @@ def test_mixed_dense_and_sparse_layers_match_transformers(tmp_path):
     ids = np.random.default_rng(7).integers(0, 256, (1, 16))
     ref = reference_logits(ref_model, ids)
     assert np.abs(_logits(lm, ids) - ref).max() <= TOL
-    fwd = jax.jit(lm.forward)
-    ck, cv = empty_cache(lm.config, 1, 24, jnp.float32)
-    logits, ck, cv = fwd(lm.params, jnp.asarray(ids[:, :10], jnp.int32), jnp.arange(10, dtype=jnp.int32)[None], ck, cv)
-    got = [np.asarray(logits)]
-    for t in range(10, 16):
-        logits, ck, cv = fwd(lm.params, jnp.asarray(ids[:, t:t + 1], jnp.int32), jnp.full((1, 1), t, jnp.int32), ck, cv)
-        got.append(np.asarray(logits))
+    rows, pos = PagedRows(lm, 1, 24), np.arange(16)[None]
+    got = [rows(ids[:, :10], pos[:, :10])]
+    got += [rows(ids[:, t:t + 1], pos[:, t:t + 1]) for t in range(10, 16)]
     assert np.abs(np.concatenate(got, axis=1) - ref).max() <= TOL
 
 
 EP_SCRIPT = textwrap.dedent("""
     import json, sys
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import jax, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
     from jaxchat.engine.engine import Engine
     from jaxchat.engine.step import make_mesh
-    from jaxchat.models import empty_cache, load_model
+    from jaxchat.models import load_model
     from tests.engine.test_real_model import greedy as request, run_plan
+    from tests.models.paged import PagedRows
     devs = jax.devices()
     assert len(devs) == 8, devs
     src = sys.argv[1]
 
     def greedy(model, prompts, n, mesh=None):
         b, t = prompts.shape
-        ck, cv = empty_cache(model.config, b, t + n, jnp.float32)
-        if mesh is not None:
-            cs = NamedSharding(mesh, model.cache_partition_spec(mesh))
-            ck, cv = jax.device_put(ck, cs), jax.device_put(cv, cs)
-        f = jax.jit(model.forward)
-        logits, ck, cv = f(model.params, jnp.asarray(prompts, jnp.int32),
-                           jnp.tile(jnp.arange(t, dtype=jnp.int32), (b, 1)), ck, cv)
-        first, out = np.asarray(logits), [np.asarray(jnp.argmax(logits[:, -1], -1))]
+        rows = PagedRows(model, b, t + n)
+        if mesh is not None:  # the pools on the mesh as the engine places them
+            rows.place(mesh)
+        logits = rows(prompts, np.tile(np.arange(t), (b, 1)))
+        first, out = logits, [logits[:, -1].argmax(-1)]
         for i in range(t, t + n - 1):
-            logits, ck, cv = f(model.params, jnp.asarray(out[-1][:, None], jnp.int32), jnp.full((b, 1), i, jnp.int32),
-                               ck, cv)
-            out.append(np.asarray(jnp.argmax(logits[:, -1], -1)))
+            out.append(rows(out[-1][:, None], np.full((b, 1), i))[:, -1].argmax(-1))
         return first, np.stack(out, 1)
 
     one = load_model(src)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from jaxchat.models import ModelLoadError, empty_cache, load_model
+from jaxchat.models import ModelLoadError, load_model
 from jaxchat.models.mxfp4 import dequantize, fold_mxfp4
 from jaxchat.models.weights import Tensor
 
 from .conftest import build_tiny
+from .paged import PagedRows
 
 
 def random_mxfp4(rng, shape, lo=118, hi=130):
@@ -71,6 +72,5 @@ def test_mxfp4_checkpoint_loads_to_transformers_logits(tmp_path):
     ids = np.random.default_rng(3).integers(0, 256, (1, 16))
     with torch.no_grad():
         ref = model(torch.tensor(ids)).logits.numpy()
-    ck, cv = empty_cache(lm.config, 1, 16, jnp.float32)
-    logits = lm.forward(lm.params, jnp.asarray(ids, jnp.int32), jnp.arange(16, dtype=jnp.int32)[None], ck, cv)[0]
-    assert np.abs(np.asarray(logits) - ref).max() <= 1e-4
+    logits = PagedRows(lm, 1, 16)(ids, np.arange(16)[None])
+    assert np.abs(logits - ref).max() <= 1e-4

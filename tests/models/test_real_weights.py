@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
-from jaxchat.models import empty_cache, load_model
+from jaxchat.models import load_model
+
+from .paged import PagedRows
 
 pytestmark = pytest.mark.slow
 
@@ -60,15 +60,12 @@ def _hf_model(path):
 
 
 def jax_greedy(lm, ids: list[int], n: int) -> list[int]:
-    ck, cv = empty_cache(lm.config, 1, len(ids) + n, jnp.float32)
-    step = jax.jit(lm.forward, donate_argnums=(3, 4))
-    logits, ck, cv = step(lm.params, jnp.asarray([ids], jnp.int32), jnp.arange(len(ids), dtype=jnp.int32)[None],
-                          ck, cv)
-    out = [int(jnp.argmax(logits[0, -1]))]
+    """The prompt in one step, then one-token steps through the paged pool."""
+    rows = PagedRows(lm, 1, len(ids) + n, page_size=16)
+    logits = rows(np.asarray([ids]), np.arange(len(ids))[None])
+    out = [int(logits[0, -1].argmax())]
     for i in range(n - 1):
-        logits, ck, cv = step(lm.params, jnp.asarray([[out[-1]]], jnp.int32),
-                              jnp.asarray([[len(ids) + i]], jnp.int32), ck, cv)
-        out.append(int(jnp.argmax(logits[0, -1])))
+        out.append(int(rows(np.asarray([[out[-1]]]), np.asarray([[len(ids) + i]]))[0, -1].argmax()))
     return out
 
 
@@ -101,9 +98,7 @@ def test_gemma3_gguf_logits_close_to_transformers():
     assert lm.config.family == "gemma3_text" and lm.config.is_sliding.count(False) == 3
     ids = lm.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
     assert ids[0] == lm.bos_token_id
-    ck, cv = empty_cache(lm.config, 1, len(ids), jnp.float32)
-    ours = np.asarray(jax.jit(lm.forward)(lm.params, jnp.asarray([ids], jnp.int32),
-                                          jnp.arange(len(ids), dtype=jnp.int32)[None], ck, cv)[0][0])
+    ours = PagedRows(lm, 1, len(ids))(np.asarray([ids]), np.arange(len(ids))[None])[0]
     del lm
     with torch.no_grad():
         ref = _hf_model(path)(torch.tensor([ids])).logits[0].numpy()

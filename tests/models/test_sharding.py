@@ -15,9 +15,10 @@ from .conftest import build_tiny
 
 SCRIPT = textwrap.dedent("""
     import sys
-    import jax, jax.numpy as jnp, numpy as np
+    import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxchat.models import empty_cache, load_model, save_orbax
+    from jaxchat.models import load_model, save_orbax
+    from tests.models.paged import PagedRows
     assert jax.device_count() == 8, jax.devices()
     src, out = sys.argv[1], sys.argv[2]
     mesh = Mesh(np.array(jax.devices()).reshape(8), ("tp",))
@@ -32,20 +33,15 @@ SCRIPT = textwrap.dedent("""
     assert restored.params["layers"]["mlp"]["gate_up"].sharding == NamedSharding(mesh, specs["layers"]["mlp"]["gate_up"])
 
     def greedy(model, mesh=None):
-        ck, cv = empty_cache(model.config, 2, 32, jnp.float32)
-        if mesh is not None:
-            cs = NamedSharding(mesh, model.cache_partition_spec(mesh))
-            ck, cv = jax.device_put(ck, cs), jax.device_put(cv, cs)
-        f = jax.jit(model.forward)
-        toks = jnp.asarray(np.arange(20).reshape(2, 10) * 13 % 256, jnp.int32)
-        pos = jnp.tile(jnp.arange(10, dtype=jnp.int32), (2, 1))
-        logits, ck, cv = f(model.params, toks, pos, ck, cv)
-        first = np.asarray(logits)
-        out = [np.asarray(jnp.argmax(logits[:, -1], -1))]
+        rows = PagedRows(model, 2, 32)
+        if mesh is not None:  # the pools on the mesh as the engine places them
+            rows.place(mesh)
+        first = rows(np.arange(20).reshape(2, 10) * 13 % 256, np.tile(np.arange(10), (2, 1)))
+        out = [first[:, -1].argmax(-1)]
         for t in range(10, 18):
-            logits, ck, cv = f(model.params, jnp.asarray(out[-1][:, None], jnp.int32),
-                               jnp.full((2, 1), t, jnp.int32), ck, cv)
-            out.append(np.asarray(jnp.argmax(logits[:, -1], -1)))
+            out.append(rows(out[-1][:, None], np.full((2, 1), t))[:, -1].argmax(-1))
+        if mesh is not None:  # the forward keeps the pools on the mesh
+            assert all(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(rows.pools)), rows.pools
         return first, np.stack(out, 1)
 
     a_logits, a_tokens = greedy(ref)
@@ -89,22 +85,21 @@ def test_experts_axis_goes_to_ep_else_tp():
 
 EXPERTS_SCRIPT = textwrap.dedent("""
     import sys
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxchat.models import empty_cache, load_model
+    import jax, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jaxchat.models import load_model
+    from tests.models.paged import PagedRows
     ref = load_model(sys.argv[1])
     # 2 x 40 tokens x top-4 = 320 routed rows: the grouped (ragged_dot) expert path
-    ids = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 40)), jnp.int32)
-    pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
-    want = np.asarray(ref.forward(ref.params, ids, pos, *empty_cache(ref.config, 2, 48))[0])
+    ids = np.random.default_rng(0).integers(0, 256, (2, 40))
+    pos = np.broadcast_to(np.arange(40), (2, 40))
+    want = PagedRows(ref, 2, 48)(ids, pos)
     for shape, names, spec in (((8,), ("tp",), P(None, "tp", None, None)),
                                ((4, 2), ("ep", "tp"), P(None, "ep", None, "tp"))):
         mesh = Mesh(np.array(jax.devices()).reshape(shape), names)
         m = load_model(sys.argv[1], mesh=mesh)
         assert m.params["layers"]["experts"]["gate_up"].sharding.spec == spec
-        cs = NamedSharding(mesh, m.cache_partition_spec(mesh))
-        ck, cv = (jax.device_put(c, cs) for c in empty_cache(m.config, 2, 48))
-        diff = np.abs(np.asarray(jax.jit(m.forward)(m.params, ids, pos, ck, cv)[0]) - want).max()
+        diff = np.abs(PagedRows(m, 2, 48).place(mesh)(ids, pos) - want).max()
         assert diff <= 1e-4, (names, diff)
     # the engine (continuous batching, its own ("tp",) mesh: experts over all 8 devices): greedy tokens of
     # requests joining and leaving equal one device's
@@ -114,7 +109,7 @@ EXPERTS_SCRIPT = textwrap.dedent("""
     out = {}
     for name, devs in (("one", jax.devices()[:1]), ("eight", jax.devices())):
         e = Engine(load_model(sys.argv[1]), max_batch=4, max_context=48, mesh=make_mesh(devs), start=False,
-                   length_buckets=(32, 48), span_buckets=(48,), warmup=False)  # compile only what runs
+                   max_step_tokens=32, warmup=False)  # compile only what runs
         out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15, 16, 17, 18, 19, 20], 30))
     spec = e.runner.params["layers"][0]["experts"]["gate_up"].sharding.spec  # the eight devices' engine
     assert out["one"] == out["eight"] and len(out["one"]["p"]) == 30, out
