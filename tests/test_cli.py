@@ -20,7 +20,9 @@ def test_serve_defaults_bind_localhost_and_default_model():
 @pytest.mark.parametrize("argv, message", [
     (["serve", "--port", "0"], "--port must be positive"),
     (["serve", "--max-batch", "-1"], "--max-batch must be positive"),
-    (["serve", "--prefill-chunk", "-1"], "--prefill-chunk must be 0 (off) or positive"),
+    (["serve", "--kv-cache-gib", "0"], "--kv-cache-gib must be positive"),
+    (["serve", "--page-size", "-16"], "--page-size must be positive"),
+    (["serve", "--max-step-tokens", "0"], "--max-step-tokens must be positive"),
     (["serve", "--burst-window-ms", "-5"], "--burst-window-ms must be 0 (off) or positive"),
 ])
 def test_bad_numbers_are_clear_errors(argv, message):
@@ -68,7 +70,8 @@ def test_chat_renders_reasoning_dimmed_and_tool_calls():
 def test_convert_writes_an_orbax_checkpoint_with_identical_logits(tmp_path):
     import numpy as np
 
-    from jaxchat.models import empty_cache, load_model
+    from jaxchat.models import load_model
+    from tests.models.paged import PagedRows
     from tests.tiny_model import tiny_chat_model
 
     src = tiny_chat_model(tmp_path / "hf")
@@ -76,7 +79,7 @@ def test_convert_writes_an_orbax_checkpoint_with_identical_logits(tmp_path):
     a, b = load_model(src), load_model(tmp_path / "orbax")
     tokens = np.array([[1, 2, 3, 4]], np.int32)
     positions = np.arange(4, dtype=np.int32)[None]
-    out = [m.forward(m.params, tokens, positions, *empty_cache(m.config, 1, 16))[0] for m in (a, b)]
+    out = [PagedRows(m, 1, 16)(tokens, positions) for m in (a, b)]
     np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(out[1]))
     assert b.chat_template == a.chat_template
 
@@ -87,9 +90,10 @@ def test_convert_quantize_int8_stores_int8_weights_and_serve_chat_accept_the_fla
     import jax
     import numpy as np
 
-    from jaxchat.models import empty_cache, load_model
+    from jaxchat.models import load_model
     from jaxchat.models.quant import Int8Weight
     from tests.engine.test_real_model import make_checkpoint
+    from tests.models.paged import PagedRows
 
     src = make_checkpoint(tmp_path / "hf")
     assert main(["convert", str(src), str(tmp_path / "int8"), "--quantize", "int8"]) == 0
@@ -98,7 +102,7 @@ def test_convert_quantize_int8_stores_int8_weights_and_serve_chat_accept_the_fla
     assert any(isinstance(x, Int8Weight) for x in jax.tree.leaves(stored.params, is_leaf=lambda x: isinstance(x, Int8Weight)))
     tokens = np.array([[1, 2, 3, 4]], np.int32)
     positions = np.arange(4, dtype=np.int32)[None]
-    out = [m.forward(m.params, tokens, positions, *empty_cache(m.config, 1, 16))[0] for m in (stored, at_load)]
+    out = [PagedRows(m, 1, 16)(tokens, positions) for m in (stored, at_load)]
     np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(out[1]))
     for command in ("serve", "chat"):
         assert _parser().parse_args([command, "--quantize", "int8"]).quantize == "int8"

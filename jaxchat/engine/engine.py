@@ -12,7 +12,9 @@ Contract:
   weights, on CPU at most `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no
   more than `max_batch` rows of `max_context` tokens need. The start-up log says how many tokens it holds.
 - Steps: every step runs at most `max_step_tokens` tokens (512 on CPU, 2048 elsewhere; buckets of 16, 64,
-  256, ... up to it) over at most `max_batch` rows (`scheduler`): decoding rows, prompt chunks, forced text.
+  256, ... up to it, or exactly `step_token_buckets`) over at most `max_batch` rows (`scheduler`): decoding
+  rows, prompt chunks, forced text; decode steps (every row one token) in `decode_rows` buckets (powers of 2
+  up to `max_batch` by default).
 - `async for out in engine.generate(request)` yields `GenerationOutput` deltas for that request; the last
   has `finished=True`; deltas reach the caller's event loop once per engine step (`Mailbox`). Leaving the
   loop early (break, cancellation) aborts the request.
@@ -191,6 +193,7 @@ class Engine:
         kv_cache_gib: float | None = None,
         num_pages: int | None = None,
         max_step_tokens: int | None = None,
+        step_token_buckets: Sequence[int] | None = None,
         decode_rows: Sequence[int] | None = None,
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,
@@ -219,7 +222,8 @@ class Engine:
         self.runner = StepRunner(
             step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab, valid_vocab=valid_vocab,
             mesh=self.mesh, backend=XlaAttention(page, kv_block=max(1, 128 // page)), num_pages=pages,
-            token_buckets=token_buckets(step_tokens), decode_rows=decode_rows or pow2_buckets(1, max_batch),
+            token_buckets=step_token_buckets or token_buckets(step_tokens),
+            decode_rows=decode_rows or pow2_buckets(1, max_batch),
             ragged_rows=ragged_rows(max_batch),
             executables=None if executable_cache is None or jax.process_count() > 1
             else ExecutableStore(executable_cache, identity),

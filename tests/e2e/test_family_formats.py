@@ -110,7 +110,7 @@ def served(request, tmp_path_factory):
     case = request.param
     model_dir = tiny_chat_model(tmp_path_factory.mktemp(case.family), case.template,
                                 special_tokens=case.special_tokens, model=case.model)
-    service = build_chat_service(model_dir, max_batch=1, max_context=1024, length_buckets=(1024,), span_buckets=(1024,))
+    service = build_chat_service(model_dir, max_batch=1, max_context=1024, step_token_buckets=(256,))
     try:
         with Live(service) as server:
             yield case, service, server

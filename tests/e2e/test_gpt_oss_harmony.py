@@ -47,7 +47,7 @@ def test_required_tool_call_over_the_sdk_streamed_and_not(harmony_dir):
     from jaxchat.api import build_chat_service
     from tests.server.conftest import Live
 
-    service = build_chat_service(harmony_dir, max_batch=1, max_context=1024, length_buckets=(1024,), span_buckets=(1024,))
+    service = build_chat_service(harmony_dir, max_batch=1, max_context=1024, step_token_buckets=(256,))
     try:
         assert service.spec.kind == "harmony" and str(service.spec) == "harmony with reasoning"
         assert service.engine.model.config.family == "gpt_oss"

@@ -29,7 +29,7 @@ def services(tmp_path_factory):
 
     # One decode and one prefill program, the shapes test_truncation's services use: with the run's shared
     # compilation cache, whichever file builds them first compiles them and the other loads them.
-    shapes = {"max_batch": 8, "max_context": 512, "batch_buckets": (8,), "span_buckets": (512,), "length_buckets": (512,)}
+    shapes = {"max_batch": 8, "max_context": 512, "decode_rows": (8,), "step_token_buckets": (256,)}
     made = {
         "qwen25": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwen25")), **shapes),
         "qwq": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwq"), "Qwen-QwQ-32B.jinja"), **shapes),

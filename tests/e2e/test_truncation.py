@@ -72,8 +72,8 @@ def service(request, tmp_path_factory):
     template, tokens, kind = FORMATS[request.param]
     model = tiny_chat_model(tmp_path_factory.mktemp(request.param), template, special_tokens=tokens)
     context = LONG_PROMPTS.get(request.param, 512)
-    svc = build_chat_service(model, max_batch=8, max_context=context, batch_buckets=(8,), span_buckets=(context,),
-                             length_buckets=(context,))  # one decode and one prefill program: a quick warmup
+    svc = build_chat_service(model, max_batch=8, max_context=context, decode_rows=(8,), step_token_buckets=(256,))
+    # one decode program, one ragged one and their sampler: a quick warmup
     assert svc.spec.kind == kind, f"{template} was detected as {svc.spec}"
     yield svc
     svc.close()

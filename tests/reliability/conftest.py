@@ -23,7 +23,7 @@ from tests.reliability.tiny import tiny_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 MAX_BATCH = 8
 MAX_CONTEXT = 1024
-LENGTH_BUCKETS = (64, 512, 1024)  # fewer prefill buckets than the default: a faster warmup, same code paths
+STEP_TOKEN_BUCKETS = (64, 256)  # fewer step programs than the default: a faster warmup, same code paths
 NAN_POSITIONS = (900, 910)  # [lo, hi): positions whose logits the hook turns into NaN
 SIGTERM_SERVE_ARGS = ("--max-batch", "2", "--max-context", "256")
 
@@ -33,14 +33,13 @@ def nan_hook(forward):
 
     lo, hi = NAN_POSITIONS
 
-    def forward_with_nan_rows(params, tokens, positions, cache_k, cache_v, *args, **kwargs):
-        from jaxchat.models.layers import take_logits_positions
-
-        logits, cache_k, cache_v = forward(params, tokens, positions, cache_k, cache_v, *args, **kwargs)
+    def forward_with_nan_rows(params, tokens, pools, step, *args, **kwargs):
+        logits, pools = forward(params, tokens, pools, step, *args, **kwargs)
+        positions = step.positions
         if kwargs.get("logits_index") is not None:  # the positions of the logits returned
-            positions = take_logits_positions(positions[..., None], kwargs["logits_index"])[..., 0]
+            positions = jnp.take(positions, kwargs["logits_index"])
         bad = (positions >= lo) & (positions < hi)
-        return jnp.where(bad[..., None], jnp.nan, logits), cache_k, cache_v
+        return jnp.where(bad[..., None], jnp.nan, logits), pools
 
     return forward_with_nan_rows
 
@@ -130,7 +129,7 @@ def real_service(tiny_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(models, "load_model", load_with_hook)
         service = build_chat_service(tiny_dir, max_batch=MAX_BATCH, max_context=MAX_CONTEXT,
-                                     length_buckets=LENGTH_BUCKETS)
+                                     step_token_buckets=STEP_TOKEN_BUCKETS)
     yield service
     service.engine.shutdown()
 
