@@ -59,7 +59,7 @@ def test_second_start_on_one_cache_compiles_nothing(model, tmp_path):
     cold = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "cold.log")
     assert cold["compiles"] > 0 and cold["compile_cache_hits"] == 0 and cold["programs_loaded"] == 0, cold
     programs = int(re.search(r"Warm-up: (\d+) programs", (tmp_path / "cold.log").read_text()).group(1))
-    assert programs >= 5 and len(list((cache / "executables").glob("*.xla"))) == programs
+    assert programs >= 3 and len(list((cache / "executables").glob("*.xla"))) == programs
     warm = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "warm.log")
     assert warm["programs_loaded"] == programs, (programs, warm)  # every step program came back from disk ...
     assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and whatever else XLA compiled was cached

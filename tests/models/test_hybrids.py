@@ -208,7 +208,7 @@ SHARDED = textwrap.dedent("""
     for path, counts in zip(sys.argv[1::2], sys.argv[2::2]):
         for n in map(int, counts.split(",")):
             e = Engine(load_model(path, "float32", None), max_batch=4, max_context=48, mesh=make_mesh(jax.devices()[:n]),
-                       start=False, decode_rows=(4,), max_step_tokens=32)
+                       start=False, decode_rows=(4,), max_step_tokens=16)  # 25-token prompts: 2 chunks
             out[f"{path}:{n}"] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
             out[f"{path}:specs{n}"] = [str(x.sharding.spec) for x in e.runner.state.pools[0]]  # layer 0's state
     print(json.dumps(out))
