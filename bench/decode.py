@@ -21,14 +21,23 @@ and a last table gives int8's tokens/s over fp32's at every batch size.
 With --contexts, each random config decodes at batch 1 after prompts of those lengths: the step time per
 context and its ratio to the shortest, side by side (a model whose layers are all Gated DeltaNet keeps a
 fixed-size state, so its step time does not grow with the context; full attention reads the whole KV cache).
+
+With --against DIR (a checkout of another commit, e.g. `git worktree add /tmp/prev <commit>`), the same
+measurement (--models, --batches, --new-tokens, --repeats; transformers left out) runs --rounds times for this
+checkout and for that one, alternating, each round in its own process, and a last table gives this checkout's
+decode and end-to-end tokens/s over that one's at every batch size (medians over the rounds):
+
+    python bench/decode.py --models qwen2.5-0.5b --batches 1,16 --against /tmp/prev --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -154,7 +163,7 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     t = time.perf_counter()
     engine = Engine(model, max_batch=max(batches), max_context=context_for(len(prompt) + args.new_tokens + 1),
-                    min_prefill_bucket=context_for(len(prompt)))
+                    step_token_buckets=(64, 256))
     print(f"[{name}] prompt {len(prompt)} tokens; engine ready (warm-up compile) in {time.perf_counter() - t:.1f}s")
     rates, decode_rates = {}, {}
     try:
@@ -206,7 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--quantize", choices=["int8"], help="also run each model with int8 weights (W8A8), same run")
     ap.add_argument("--repeats", type=int, default=3, help="runs per side and batch size; the median is reported")
+    ap.add_argument("--against", default=None, metavar="DIR", help="another checkout, measured in the same run")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: alternating rounds per checkout")
     args = ap.parse_args(argv)
+    if args.against:
+        return against(args)
     sys.stdout.reconfigure(line_buffering=True)
     from jaxchat.engine.host_memory import keep_freed_memory
 
@@ -244,13 +257,50 @@ def main(argv: list[str] | None = None) -> None:
             print_ratios(f"{name} {args.quantize} / {args.dtype}", fp32, quant, batches)
 
 
+LINE = re.compile(r"^\[(?P<model>[^\]]+)\] jaxchat batch +(?P<batch>\d+): decode +(?P<decode>[\d.]+) tok/s .*"
+                  r"end to end with the \d+ prefills +(?P<e2e>[\d.]+) tok/s")
+
+
+def against(args) -> None:
+    """Alternate rounds of this checkout's and another's bench/decode.py (each in its own process, with its own
+    sources on PYTHONPATH) and print the ratios of their medians."""
+    import os
+    import subprocess
+
+    here = Path(__file__).resolve().parents[1]
+    roots = {"this": here, "other": Path(args.against).resolve()}
+    common = ["--models", args.models, "--batches", args.batches, "--new-tokens", str(args.new_tokens),
+              "--repeats", str(args.repeats), "--no-transformers"]
+    found: dict[str, dict] = {name: {} for name in roots}
+    for r in range(args.rounds):
+        for name, root in roots.items():
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            proc = subprocess.run([sys.executable, str(root / "bench" / "decode.py"), *common], cwd=root, env=env,
+                                  capture_output=True, text=True, check=False)
+            if proc.returncode:
+                raise SystemExit(f"{name} ({root}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+            for line in proc.stdout.splitlines():
+                m = LINE.match(line)
+                if m:
+                    key = (m["model"], int(m["batch"]))
+                    found[name].setdefault(key, []).append((float(m["decode"]), float(m["e2e"])))
+                    print(f"round {r + 1} {name:>5}: {line}")
+    print(f"this: {roots['this']}\nother: {roots['other']}")
+    for key in sorted(found["this"]):
+        mine, theirs = np.array(found["this"][key]), np.array(found["other"].get(key, [[np.nan, np.nan]]))
+        d, e = np.median(mine, axis=0), np.median(theirs, axis=0)
+        print(f"[{key[0]}] batch {key[1]:>2}: decode {d[0]:8.1f} vs {e[0]:8.1f} tok/s -> this / other "
+              f"{d[0] / e[0]:.2f}x; end to end {d[1]:8.1f} vs {e[1]:8.1f} -> {d[1] / e[1]:.2f}x "
+              f"(rounds: this {', '.join(f'{x:.1f}' for x in mine[:, 0])}; other "
+              f"{', '.join(f'{x:.1f}' for x in theirs[:, 0])})")
+
+
 def context_scaling(name: str, model, contexts: list[int], args) -> tuple[str, list[float]]:
     """Batch-1 decode step time (ms, median of --repeats) after a prompt of each length in `contexts`."""
     from jaxchat.engine.engine import Engine
 
     t = time.perf_counter()
-    engine = Engine(model, max_batch=1, max_context=context_for(max(contexts) + args.new_tokens + 1),
-                    length_buckets=sorted({context_for(c) for c in contexts}))
+    engine = Engine(model, max_batch=1, max_context=context_for(max(contexts) + args.new_tokens + 1))
     print(f"[{name}] engine ready (warm-up compile) in {time.perf_counter() - t:.1f}s")
     rng = np.random.default_rng(0)
     ms = []

@@ -34,18 +34,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def time_to_ready(args: argparse.Namespace, cache: Path, log: Path) -> tuple[float, str]:
-    """Seconds from launching `jaxchat serve` to /health answering 200, and its warm-up log line."""
+def time_to_ready(args: argparse.Namespace, cache: Path, log: Path, root: Path = ROOT) -> tuple[float, str]:
+    """Seconds from launching `jaxchat serve` (of the checkout at `root`) to /health answering 200, and its warm-up
+    log line."""
     port = _free_port()
     cmd = [sys.executable, "-m", "jaxchat.cli", "serve", "--port", str(port), "--max-batch", str(args.max_batch),
            "--max-context", str(args.max_context), "--compile-cache", str(cache)]
     if args.model:
         cmd += ["--model", args.model]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root)
     try:
         while True:
             if proc.poll() is not None:
@@ -82,17 +83,26 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-context", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--against", default=None, metavar="DIR", help="another checkout to start side by side")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="jaxchat-startup-"))
+    roots = {"this": ROOT} if args.against is None else {"this": ROOT, "other": Path(args.against).resolve()}
     try:
         for run in range(args.runs):
-            cache = work / f"cache-{run}"
-            clear_dequantized(args.model)
-            cold, cold_line = time_to_ready(args, cache, work / f"cold-{run}.log")
-            warm, warm_line = time_to_ready(args, cache, work / f"warm-{run}.log")
-            print(f"run {run + 1}: cold {cold:6.1f} s  [{cold_line}]")
-            print(f"run {run + 1}: warm {warm:6.1f} s  [{warm_line}]")
-            print(f"run {run + 1}: warm / cold = {warm / cold:.2f}")
+            times = {}
+            for name, root in roots.items():
+                cache = work / f"cache-{name}-{run}"
+                clear_dequantized(args.model)
+                cold, cold_line = time_to_ready(args, cache, work / f"cold-{name}-{run}.log", root)
+                warm, warm_line = time_to_ready(args, cache, work / f"warm-{name}-{run}.log", root)
+                times[name] = (cold, warm)
+                label = "" if args.against is None else f" [{name}: {root}]"
+                print(f"run {run + 1}{label}: cold {cold:6.1f} s  [{cold_line}]")
+                print(f"run {run + 1}{label}: warm {warm:6.1f} s  [{warm_line}]")
+                print(f"run {run + 1}{label}: warm / cold = {warm / cold:.2f}")
+            if args.against is not None:
+                (cold, warm), (other_cold, other_warm) = times["this"], times["other"]
+                print(f"run {run + 1}: this / other: cold {cold / other_cold:.2f}, warm {warm / other_warm:.2f}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -179,10 +179,14 @@ def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: in
             kc, vc = keys_all[pages], values_all[pages]  # [G, kvb, KV, D, page], [G, kvb, KV, page, D]
         else:
             kc, vc = keys_all[layer, pages], values_all[layer, pages]
-        kc = kc.transpose(0, 2, 3, 1, 4).reshape(per_iter, kvh, d, span)
-        vc = vc.transpose(0, 2, 1, 3, 4).reshape(per_iter, kvh, span, d)
-        s = jax.lax.dot_general(qblk[ib], kc.astype(q.dtype), (((3,), (2,)), ((0, 1), (0, 1))),
-                                preferred_element_type=jnp.float32) * scale  # [G, KV, Qb*g, span]
+        if qb == 1:  # one query per block (decode): products and sums the gathers fuse into, no copy of the pages
+            qi = qblk[ib].reshape(per_iter, 1, kvh, g, d, 1).astype(jnp.float32)
+            s = (qi * kc[:, :, :, None].astype(jnp.float32)).sum(axis=4)  # [G, kvb, KV, g, page]
+            s = s.transpose(0, 2, 3, 1, 4).reshape(per_iter, kvh, g, span) * scale
+        else:
+            kc = kc.transpose(0, 2, 3, 1, 4).reshape(per_iter, kvh, d, span)
+            s = jax.lax.dot_general(qblk[ib], kc.astype(q.dtype), (((3,), (2,)), ((0, 1), (0, 1))),
+                                    preferred_element_type=jnp.float32) * scale  # [G, KV, Qb*g, span]
         if softcap is not None:
             s = jnp.tanh(s / softcap) * softcap
         vis = vis[:, None, :, None, :]
@@ -190,8 +194,13 @@ def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: in
         m_item = s.max(axis=-1)  # [G, KV, Qb, g]
         m_new = jnp.maximum(m, jnp.where(weights[:, :, None, None, None] > 0, m_item[None], NEG).max(axis=1))
         p = jnp.where(vis, jnp.exp(s - m_new[ib][..., None]), 0.0)
-        o = jax.lax.dot_general(p.reshape(per_iter, kvh, qb * g, span).astype(vc.dtype), vc,
-                                (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
+        if qb == 1:
+            pv = p.reshape(per_iter, kvh, g, kvb, page_size).transpose(0, 3, 1, 2, 4)[..., None]  # [G, kvb, KV, g, page, 1]
+            o = (pv * vc[:, :, :, None].astype(jnp.float32)).sum(axis=(1, 4))  # [G, KV, g, D]
+        else:
+            vc = vc.transpose(0, 2, 1, 3, 4).reshape(per_iter, kvh, span, d)
+            o = jax.lax.dot_general(p.reshape(per_iter, kvh, qb * g, span).astype(vc.dtype), vc,
+                                    (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
         alpha = jnp.exp(m - m_new)
         l = l * alpha + jnp.einsum("bn,nkqg->bkqg", weights, p.sum(axis=-1))
         acc = acc * alpha[..., None] + jnp.einsum("bn,nkqgd->bkqgd", weights, o.reshape(per_iter, kvh, qb, g, d))
