@@ -1,0 +1,117 @@
+"""The TPU attention backend of the paged KV pool: JAX's Pallas `ragged_paged_attention` kernel behind a small API.
+
+Contract (one attention layer; T = tokens of the step, R = rows, KV = kv heads, D = head_dim):
+- Pool layout (the kernel's own): `kv_pages [num_pages, page_size, 2 * KV, D]`, keys and values interleaved on the
+  head axis: combined head `2 * h` is kv head h's key, `2 * h + 1` its value. A token's slot is
+  `page_id * page_size + offset`.
+- `new_pool(num_pages, page_size, num_kv_heads, head_dim, dtype)`: zeros in that layout.
+- `write_kv(kv_pages, k, v, slots)`: k, v `[T, KV, D]`; slots `int32[T]`, -1 for a padding token (dropped);
+  returns the updated pool (one scatter; jit it with the pool donated to update in place). Slots of real tokens
+  must be distinct.
+- `ragged_attention(q, kv_pages, kv_lens, page_tables, cu_q_lens, num_seqs, *, scale, ...)`: q `[T, H, D]` with
+  row i's queries at `q[cu_q_lens[i]:cu_q_lens[i + 1]]`, the LAST `q_len` positions of its `kv_lens[i]` context
+  (their K/V already written); `kv_lens int32[R]`, `page_tables int32[R, pages_per_seq]` (every entry a valid page
+  id, unused ones too), `cu_q_lens int32[R + 1]`, `num_seqs int32[1]` (rows `>= num_seqs` are ignored). Query at
+  position p sees kv positions `<= p` (and `> p - sliding_window` with a window); logits are `q.k * scale`, then
+  `soft_cap * tanh(logits / soft_cap)` with a cap. Returns `[T, H, D]` in q's dtype; rows of padding tokens (index
+  `>= cu_q_lens[num_seqs]`) are zero. Needs `q_len <= kv_len` per row, D a multiple of 128 (the kernel's
+  lane-wide scratch) and `2 * KV` in {2, 4, 8} or a multiple of 8 (f32; bf16: KV in {1, 2, 4, 8} or a multiple
+  of 8). Block sizes: `block_sizes(...)`, the kernel's tuned table on TPU, its default (128 pages, 32 queries,
+  each clipped) elsewhere; both may be overridden.
+- `interpret=True` raises NotImplementedError: with jax 0.10.2 the kernel cannot run under Pallas' TPU interpret
+  mode (docs/pallas_interpret.md). On CPU use `ragged_attention_reference`, same signature, built on JAX's
+  `ref_ragged_paged_attention`: it needs concrete lengths (it loops over rows in Python, one jit per call), so it
+  is for tests, not for use inside a jitted step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as _rpa
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import tuned_block_sizes as _tuned
+
+INTERPRET_UNSUPPORTED = (
+    "ragged_paged_attention cannot run under Pallas TPU interpret mode with jax 0.10.2: the kernel reshapes a "
+    "VMEM scratch ref (kernel.py, `cur_async_copy_kv.wait().reshape(...)`) and strided-loads through it, and the "
+    "interpreter's load path handles only indexer ref transforms (AttributeError: 'ReshapeTransform' object has no "
+    "attribute 'indices'). Use ragged_attention_reference on CPU; see docs/pallas_interpret.md."
+)
+
+
+def new_pool(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype=jnp.bfloat16) -> jax.Array:
+    """One layer's pool of zeros, `[num_pages, page_size, 2 * num_kv_heads, head_dim]`."""
+    return jnp.zeros((num_pages, page_size, 2 * num_kv_heads, head_dim), dtype)
+
+
+def write_kv(kv_pages: jax.Array, k: jax.Array, v: jax.Array, slots: jax.Array) -> jax.Array:
+    """Scatter the step's keys and values `[T, KV, D]` into their slots; slot -1 (padding) is dropped."""
+    num_pages, page_size, combined, head_dim = kv_pages.shape
+    num_tokens, num_kv_heads, _ = k.shape
+    if combined != 2 * num_kv_heads or k.shape != v.shape or k.shape[2] != head_dim:
+        raise ValueError(f"k {k.shape} / v {v.shape} do not fit the pool {kv_pages.shape}")
+    kv = jnp.stack([k, v], axis=2).reshape(num_tokens, combined, head_dim).astype(kv_pages.dtype)
+    flat = kv_pages.reshape(num_pages * page_size, combined, head_dim)
+    # `.at[]` wraps negative indices, so padding goes to an index past the end, which mode="drop" drops.
+    slots = jnp.where(slots < 0, num_pages * page_size, slots)
+    return flat.at[slots].set(kv, mode="drop").reshape(kv_pages.shape)
+
+
+def block_sizes(q_dtype, kv_dtype, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                num_tokens: int, pages_per_seq: int) -> tuple[int, int]:
+    """(num_kv_pages_per_block, num_queries_per_block) as the kernel would pick them, without raising off TPU."""
+    heads_per_blk, combined_per_blk = _rpa.get_min_heads_per_blk(num_q_heads, 2 * num_kv_heads, q_dtype, kv_dtype)
+    if jax.devices()[0].platform == "tpu":
+        return _tuned.get_tuned_block_sizes(q_dtype, kv_dtype, heads_per_blk, combined_per_blk // 2, head_dim,
+                                            page_size, num_tokens, pages_per_seq)
+    # get_tuned_block_sizes raises off TPU; its default for an untuned TPU (v5+) is (128, 32), clipped like this.
+    return min(pages_per_seq, 128), min(num_tokens, 32)
+
+
+def _zero_padding(out: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array) -> jax.Array:
+    real = jnp.arange(out.shape[0])[:, None, None] < cu_q_lens[num_seqs[0]]
+    return jnp.where(real, out, jnp.zeros_like(out))
+
+
+def ragged_attention(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_tables: jax.Array,
+                     cu_q_lens: jax.Array, num_seqs: jax.Array, *, scale: float, sliding_window: int | None = None,
+                     soft_cap: float | None = None, interpret: bool = False,
+                     num_kv_pages_per_block: int | None = None, num_queries_per_block: int | None = None,
+                     vmem_limit_bytes: int | None = None) -> jax.Array:
+    """Attention of the step's ragged rows over the paged pool with the Pallas kernel (see the module contract)."""
+    if interpret:
+        raise NotImplementedError(INTERPRET_UNSUPPORTED)
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, page_size, combined, _ = kv_pages.shape
+    if head_dim % 128:
+        raise ValueError(f"head_dim {head_dim}: the kernel needs a multiple of 128")
+    pages_per_seq = page_tables.shape[1]
+    tuned = block_sizes(q.dtype, kv_pages.dtype, num_q_heads, combined // 2, head_dim, page_size, num_tokens,
+                        pages_per_seq)
+    out = _rpa.ragged_paged_attention(
+        q, kv_pages, kv_lens, page_tables, cu_q_lens, num_seqs, sm_scale=float(scale),
+        sliding_window=sliding_window, soft_cap=None if soft_cap is None else float(soft_cap),
+        num_kv_pages_per_block=num_kv_pages_per_block or tuned[0],
+        num_queries_per_block=num_queries_per_block or tuned[1], vmem_limit_bytes=vmem_limit_bytes)
+    return _zero_padding(out, cu_q_lens, num_seqs)
+
+
+def ragged_attention_reference(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.Array, page_tables: jax.Array,
+                               cu_q_lens: jax.Array, num_seqs: jax.Array, *, scale: float,
+                               sliding_window: int | None = None, soft_cap: float | None = None,
+                               interpret: bool = False) -> jax.Array:
+    """`ragged_attention`'s result from JAX's `ref_ragged_paged_attention` (concrete lengths only), padded to T."""
+    del interpret  # same signature as ragged_attention; the reference is plain XLA
+    kv_lens, cu_q_lens, num_seqs = (np.asarray(a, np.int32) for a in (kv_lens, cu_q_lens, num_seqs))
+    if num_seqs[0] == 0:
+        return jnp.zeros_like(q)
+
+    @jax.jit
+    def run(q, kv_pages, page_tables):  # the lengths are constants here: the reference loops over rows in Python
+        ref = _rpa.ref_ragged_paged_attention(
+            q, kv_pages, kv_lens, page_tables, cu_q_lens, num_seqs, sm_scale=float(scale),
+            sliding_window=sliding_window, soft_cap=None if soft_cap is None else float(soft_cap))
+        return jnp.zeros_like(q).at[: ref.shape[0]].set(ref.astype(q.dtype))
+
+    return run(q, kv_pages, page_tables)
