@@ -18,6 +18,9 @@ Contract (one attention layer; T = tokens of the step, R = rows, KV = kv heads, 
   lane-wide scratch) and `2 * KV` in {2, 4, 8} or a multiple of 8 (f32; bf16: KV in {1, 2, 4, 8} or a multiple
   of 8). Block sizes: `block_sizes(...)`, the kernel's tuned table on TPU, its default (128 pages, 32 queries,
   each clipped) elsewhere; both may be overridden.
+- `PallasAttention(page_size)` is the same kernel as an attention backend of the engine's step
+  (`jaxchat.models.kv`): its pools, and a step attention whose `attend` writes the step's k/v and runs the
+  kernel over the step's rows (no sinks: gpt-oss stays on the jnp backend).
 - `interpret=True` raises NotImplementedError: with jax 0.10.2 the kernel cannot run under Pallas' TPU interpret
   mode (docs/pallas_interpret.md). On CPU use `ragged_attention_reference`, same signature, built on JAX's
   `ref_ragged_paged_attention`: it needs concrete lengths (it loops over rows in Python, one jit per call), so it
@@ -115,3 +118,55 @@ def ragged_attention_reference(q: jax.Array, kv_pages: jax.Array, kv_lens: jax.A
         return jnp.zeros_like(q).at[: ref.shape[0]].set(ref.astype(q.dtype))
 
     return run(q, kv_pages, page_tables)
+
+
+class PallasStepAttention:
+    """One step's attention through the kernel (`PallasAttention.begin`)."""
+
+    uniform = None
+
+    def __init__(self, backend: PallasAttention, step, uniform) -> None:
+        self.backend, self.step, self.uniform = backend, step, uniform
+
+    def attend(self, pool, layer, q, k, v, *, scale: float, window: int | None = None, softcap: float | None = None,
+               sinks=None, local=None):
+        """Write k/v (unless None) at the step's write slots, then the kernel over the rows' pages -> (pool, out)."""
+        if sinks is not None or local is not None:
+            raise NotImplementedError("the Pallas kernel has no attention sinks and no per-layer window switch: "
+                                      "use the xla attention backend for this model")
+        layer_pool = pool if layer is None else pool[layer]
+        if k is not None:
+            layer_pool = write_kv(layer_pool, k, v, self.step.write_slots)
+            pool = layer_pool if layer is None else pool.at[layer].set(layer_pool)
+        s = self.step
+        out = ragged_attention(q, layer_pool, s.kv_lens, s.page_tables, s.cu_q_lens, s.num_rows, scale=scale,
+                               sliding_window=window, soft_cap=softcap)
+        return pool, out
+
+
+class PallasAttention:
+    """The kernel as an attention backend (`jaxchat.models.kv.AttentionBackend`): pools in the kernel's layout (a
+    stacked pool adds a leading layer axis; a layer's view of it is a copy, so per-layer pools are preferred), the
+    engine's step inputs passed as the kernel takes them (rows' tokens contiguous, each row's queries the last of
+    its context, `num_rows` rows in use, page 0 in every unused table entry)."""
+
+    name = "pallas"
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+
+    def __repr__(self) -> str:
+        return f"PallasAttention(page_size={self.page_size})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PallasAttention) and other.page_size == self.page_size
+
+    def __hash__(self) -> int:
+        return hash(("pallas", self.page_size))
+
+    def new_pool(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, layers: int | None = None):
+        pool = new_pool(num_pages, page_size, kv_heads, head_dim, dtype)
+        return pool if layers is None else jnp.broadcast_to(pool, (layers, *pool.shape)).copy()
+
+    def begin(self, step, uniform=None) -> PallasStepAttention:
+        return PallasStepAttention(self, step, uniform)

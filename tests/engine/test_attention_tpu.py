@@ -206,3 +206,49 @@ def test_decode_kernel_paged_attention_in_interpret_mode():
         got = as_np(paged_attention(step.q * 0.3, k_pages, v_pages, step.kv_lens, step.page_tables,
                                     pages_per_compute_block=2))
     np.testing.assert_allclose(got, dense_attention(step, scale=0.3), atol=3e-2, rtol=3e-2)
+
+
+def test_the_kernel_backend_matches_the_jnp_backend_on_an_engine_step():
+    """One ragged step as the engine builds it (a decode row, a chunk, a one-token row, padding), through the
+    kernel backend (`PallasAttention`, under the interpret shim) and through the jnp backend (`XlaAttention`, what
+    CPU serves with), each writing the same new K/V into its own pool layout over the same page tables."""
+    from jaxchat.engine.attention_xla import XlaAttention
+    from jaxchat.models.kv import StepInputs
+
+    rng = np.random.default_rng(7)
+    page, kvh, heads, dim, width = 16, 2, 4, 128, 4
+    runs = [(1, 37), (9, 40), (1, 3)]  # (query count, context length) per row
+    tables = rng.permutation(np.arange(1, 13))[:12].reshape(3, width).astype(np.int32)
+    pos, rows, cu = [], [], [0]
+    for r, (n, length) in enumerate(runs):
+        pos += list(range(length - n, length))
+        rows += [r] * n
+        cu.append(len(pos))
+    t = 16
+    pos_a = np.array(pos + [-1] * (t - len(pos)), np.int32)
+    rows_a = np.array(rows + [0] * (t - len(rows)), np.int32)
+    slots = np.where(pos_a >= 0, tables[rows_a, np.maximum(pos_a, 0) // page] * page + np.maximum(pos_a, 0) % page, -1)
+    step = StepInputs(jnp.asarray(pos_a), jnp.asarray(rows_a), jnp.asarray(cu, jnp.int32),
+                      jnp.asarray([length for _, length in runs], jnp.int32), jnp.asarray(tables),
+                      jnp.asarray(slots.astype(np.int32)), jnp.arange(3, dtype=jnp.int32), jnp.asarray([3], jnp.int32))
+    # the context before this step, the same values in both pools
+    xla, kernel = XlaAttention(page, kv_block=2, query_block=4), at.PallasAttention(page)
+    x_pool, k_pool = xla.new_pool(13, page, kvh, dim, jnp.float32), kernel.new_pool(13, page, kvh, dim, jnp.float32)
+    before = [(r, p) for r, (n, length) in enumerate(runs) for p in range(length - n)]
+    old_k = jnp.asarray(rng.standard_normal((len(before), kvh, dim)), jnp.float32)
+    old_v = jnp.asarray(rng.standard_normal((len(before), kvh, dim)), jnp.float32)
+    old_slots = jnp.asarray([tables[r, p // page] * page + p % page for r, p in before], jnp.int32)
+    from jaxchat.engine.attention_xla import write_kv as xla_write
+
+    x_pool = xla_write(x_pool, None, old_k, old_v, old_slots, page)
+    k_pool = at.write_kv(k_pool, old_k, old_v, old_slots)
+    q = jnp.asarray(rng.standard_normal((t, heads, dim)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((t, kvh, dim)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((t, kvh, dim)), jnp.float32)
+    want = np.asarray(jax.jit(lambda p, q, k, v, s: xla.begin(s).attend(p, None, q, k, v, scale=0.2)[1])(
+        x_pool, q, k, v, step))
+    with interpret_ragged_kernel():
+        got = np.asarray(kernel.begin(step).attend(k_pool, None, q, k, v, scale=0.2)[1])
+    n = cu[-1]
+    np.testing.assert_allclose(got[:n], want[:n], atol=2e-5, rtol=1e-4)
+    assert not np.any(got[n:])
