@@ -38,26 +38,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def step_program(model, batch: int, context: int):
-    """(compiled step, its first arguments): one decode token per row at position context // 2, caches donated."""
+    """(compiled step, its first arguments): one decode token per row at position context // 2, the pool donated."""
     import jax
     import jax.numpy as jnp
 
+    from jaxchat.engine.attention_xla import XlaAttention
+    from jaxchat.engine.step import uniform_inputs
+
     sm = model.step_model(model.params, "cpu")
     head = sm.vocab_major_head(sm.params) if batch > 1 else None
-    ck, cv = sm.new_cache(batch, context)
+    backend = XlaAttention(16)
+    step_inputs = uniform_inputs(batch, 1, 16, start=context // 2, context=context)
+    pools = sm.new_pools(backend, 1 + step_inputs.page_tables.size, 16, batch)
 
-    def step(params, head_vd, tokens, positions, cache_k, cache_v):
-        return sm.forward(params, tokens, positions, cache_k, cache_v, head_vd=head_vd, attend_len=context)
+    def step(params, head_vd, tokens, pools, inputs):
+        return sm.forward(params, tokens, pools, inputs, backend, uniform=(batch, 1), head_vd=head_vd)
 
-    tokens = jnp.zeros((batch, 1), jnp.int32)
-    positions = jnp.full((batch, 1), context // 2, jnp.int32)
-    args = [sm.params, head, tokens, positions, ck, cv]
-    return jax.jit(step, donate_argnums=(4, 5)).lower(*args).compile(), args
+    tokens = jnp.zeros((batch,), jnp.int32)
+    args = [sm.params, head, tokens, pools, jax.tree.map(jnp.asarray, step_inputs)]
+    return jax.jit(step, donate_argnums=(3,)).lower(*args).compile(), args
 
 
 def weight_matmuls(compiled) -> set[str]:
     """Names of the compiled program's instructions that multiply by a weight: a dot, or a fusion around one,
-    with no batch dimensions (attention's dots batch over rows and kv heads; the weight matmuls have none)."""
+    with no batch dimensions (attention's dots batch over items and kv heads; the weight matmuls have none), outside
+    loop bodies (the attention loops' dots that combine the items of a query block have no batch dimension)."""
     hlo = compiled.as_text()
     bodies, name = {}, None
     for line in hlo.splitlines():
@@ -68,9 +73,10 @@ def weight_matmuls(compiled) -> set[str]:
         elif name is not None:
             bodies[name].append(line)
     fused = set(re.findall(r"kind=\w+, calls=%([\w.\-]+)", hlo))  # a fusion's body runs as the fusion
+    looped = set(re.findall(r"(?:body|condition)=%([\w.\-]+)", hlo))
     found = set()
     for name, lines in bodies.items():
-        if name in fused:
+        if name in fused or name in looped:
             continue
         for line in lines:
             m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = .*? (dot|fusion)\(", line)
@@ -92,14 +98,14 @@ def profile_step(model, batch: int, context: int, steps: int) -> tuple[float, fl
 
     fn, args = step_program(model, batch, context)
     matmuls = weight_matmuls(fn)
-    for _ in range(3):  # warm-up; each step's caches feed the next
-        _, args[4], args[5] = fn(*args)
-    jax.block_until_ready(args[4])
+    for _ in range(3):  # warm-up; each step's pool feeds the next
+        _, args[3] = fn(*args)
+    jax.block_until_ready(args[3])
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             t = time.perf_counter()
             for _ in range(steps):
-                logits, args[4], args[5] = fn(*args)
+                logits, args[3] = fn(*args)
             logits.block_until_ready()
             wall = (time.perf_counter() - t) / steps * 1e3
         trace = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)[0]

@@ -18,7 +18,7 @@ requests whose parsed results are equal on and off; last one line per set:
 `json_schema: on 1.20 s, off 2.10 s, speed-up 1.75x, steps 20.0 vs 64.0, equal 100%`.
 
     python bench/jump_forward.py [--model PATH] [--prompts 10] [--max-context 1024] [--max-tokens 256]
-                                 [--min-prefill-bucket N]
+
 """
 
 from __future__ import annotations
@@ -122,8 +122,6 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--min-prefill-bucket", type=int, default=None,
-                    help="the smallest prompt-length bucket, where extend steps run (default: the engine's, 2 on CPU)")
     ap.add_argument("--json", default=None, help="write every sample here")
     args = ap.parse_args()
 
@@ -132,7 +130,7 @@ def main() -> None:
 
     cache = enable_compile_cache()
     service = build_chat_service(args.model, max_batch=1, max_context=args.max_context,
-                                 executable_cache=cache / "executables", min_prefill_bucket=args.min_prefill_bucket)
+                                 executable_cache=cache / "executables")
     results, lines = {}, []
     try:
         for name, bodies in request_sets(args.prompts).items():

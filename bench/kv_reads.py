@@ -40,7 +40,6 @@ def main() -> None:
 
     from jaxchat.engine import attention_xla, pool_size
     from jaxchat.engine.attention_xla import XlaAttention
-    from jaxchat.engine.sampler import SamplingArrays
     from jaxchat.engine.scheduler import sampling_values
     from jaxchat.engine.step import RowInput, StepRunner, make_mesh
     from jaxchat.engine.types import GenerationRequest

@@ -2,10 +2,9 @@
 
 Both models have the same shape except the number of experts: the same top-k, expert size, attention and
 vocabulary, so a step that reads only the routed experts costs about the same for both, while a layer that
-ran every expert would cost ~E/8 times more at 64 (~8x). Each model runs through the engine's real decode
-path: `Engine(...).runner.decode` (the jitted `decode_step`: forward in the layout the engine uses on this
-platform — "unrolled" on CPU — plus masking and sampling) at batch 1 and 16, every row decoding at
-position 100. Each (experts, batch) is warmed up, then timed over --steps steps; the median is reported.
+ran every expert would cost ~E/8 times more at 64 (~8x). Each model runs through the engine's real step:
+`Engine(...).runner.run` (the decode forward in the layout the engine uses on this platform — "unrolled" on
+CPU — then masking and sampling) at batch 1 and 16, every row decoding at position 100. Each (experts, batch) is warmed up, then timed over --steps steps; the median is reported.
 The whole comparison runs --repeats times (rounds interleave the two models) and prints the 64/8 ratio per
 batch size for each round.
 
@@ -42,17 +41,21 @@ def random_moe(num_experts: int, args):
 
 def step_times(runner, batch: int, steps: int, warmup: int = 3) -> float:
     """Median seconds of one decode step at `batch` rows."""
-    from jaxchat.engine.sampler import SamplingArrays
+    from jaxchat.engine.scheduler import sampling_values
+    from jaxchat.engine.step import RowInput
+    from jaxchat.engine.types import GenerationRequest
 
     rng = np.random.default_rng(batch)
-    sp = SamplingArrays.numpy(batch)
-    mask = np.full((batch, runner.mask_words), -1, np.int32)
-    positions = np.full(batch, 100, np.int32)
+    mask = np.full(runner.mask_words, -1, np.int32)
+    values = sampling_values(GenerationRequest([1]))
+    per_row = -(-101 // runner.page_size)
     times = []
     for i in range(warmup + steps):
-        tokens = rng.integers(0, 1024, batch).astype(np.int32)  # new tokens each step: routing changes
+        tokens = rng.integers(0, 1024, batch)  # new tokens each step: routing changes
+        rows = [RowInput(r, [int(tokens[r])], 100, list(range(1 + r * per_row, 1 + (r + 1) * per_row)), False, 100,
+                         101, True, mask, (*values[:8], 0, values[8])) for r in range(batch)]
         t = time.perf_counter()
-        runner.decode(tokens, positions, mask, sp)  # returns host arrays: the step has finished
+        runner.run(rows)  # returns host arrays: the step has finished
         if i >= warmup:
             times.append(time.perf_counter() - t)
     return statistics.median(times)

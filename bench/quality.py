@@ -12,6 +12,7 @@ many prompts agree throughout).
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import sys
 import time
@@ -55,13 +56,17 @@ def perplexity(model, params_fn, ids: list[int], window: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    fwd = jax.jit(model.forward)
+    from jaxchat.engine.attention_xla import XlaAttention
+    from jaxchat.engine.step import uniform_inputs
+
+    backend = XlaAttention(16)
+    fwd = jax.jit(functools.partial(model.forward, backend=backend, uniform=(1, window)))
+    inputs = jax.tree.map(jnp.asarray, uniform_inputs(1, window, 16))
     nll, count = 0.0, 0
-    pos = jnp.arange(window, dtype=jnp.int32)[None]
     for start in range(0, len(ids) - window + 1, window):
-        chunk = np.asarray(ids[start:start + window], np.int32)[None]
-        ck, cv = model.empty_cache(1, window)
-        logits = fwd(params_fn, jnp.asarray(chunk), pos, ck, cv)[0][0]
+        chunk = np.asarray(ids[start:start + window], np.int32)
+        pools = model.new_pools(backend, 1 + inputs.page_tables.size, 16, 1)
+        logits = fwd(params_fn, jnp.asarray(chunk), pools, inputs)[0]
         logp = jax.nn.log_softmax(logits[:-1], axis=-1)
         nll -= float(jnp.sum(jnp.take_along_axis(logp, jnp.asarray(chunk[0, 1:])[:, None], axis=1)))
         count += window - 1
@@ -78,8 +83,8 @@ def greedy_outputs(model, prompts: list[list[int]], new_tokens: int) -> list[lis
     while context < longest:
         context *= 2
     n = len(prompts)
-    engine = Engine(model, max_batch=n, max_context=context, start=False, batch_buckets=(n,),
-                    length_buckets=(context // 2,), span_buckets=(context,))
+    engine = Engine(model, max_batch=n, max_context=context, start=False, decode_rows=(n,),
+                    step_token_buckets=(context // 2,))
     try:
         outs: list[list[int]] = [[] for _ in prompts]
         for i, p in enumerate(prompts):

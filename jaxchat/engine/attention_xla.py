@@ -173,7 +173,7 @@ def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: in
     qblk = qpad[blocks.tokens].transpose(0, 2, 1, 3, 4).reshape(nb, kvh, qb * g, d)
 
     def body(i, carry):
-        m, l, acc = carry
+        m, denom, acc = carry
         pages, ib, vis, weights = items.pages[i], items.block[i], items.visible[i], items.weights[i]
         if layer is None:
             kc, vc = keys_all[pages], values_all[pages]  # [G, kvb, KV, D, page], [G, kvb, KV, page, D]
@@ -202,26 +202,26 @@ def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: in
             o = jax.lax.dot_general(p.reshape(per_iter, kvh, qb * g, span).astype(vc.dtype), vc,
                                     (((3,), (2,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32)
         alpha = jnp.exp(m - m_new)
-        l = l * alpha + jnp.einsum("bn,nkqg->bkqg", weights, p.sum(axis=-1))
+        denom = denom * alpha + jnp.einsum("bn,nkqg->bkqg", weights, p.sum(axis=-1))
         acc = acc * alpha[..., None] + jnp.einsum("bn,nkqgd->bkqgd", weights, o.reshape(per_iter, kvh, qb, g, d))
-        return m_new, l, acc
+        return m_new, denom, acc
 
     m = jnp.full((nb, kvh, qb, g), NEG, jnp.float32)
     carry = (m, jnp.zeros_like(m), jnp.zeros((nb, kvh, qb, g, d), jnp.float32))
     if trips is None:
-        _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < items.trips, lambda c: (c[0] + 1, *body(c[0], c[1:])),
+        _, m, denom, acc = jax.lax.while_loop(lambda c: c[0] < items.trips, lambda c: (c[0] + 1, *body(c[0], c[1:])),
                                           (jnp.int32(0), *carry))
     else:
         for i in range(trips):
             carry = body(jnp.int32(i), carry)
-        m, l, acc = carry
+        m, denom, acc = carry
     if sinks is not None:
         sink = sinks.astype(jnp.float32).reshape(1, kvh, 1, g)
         m_f = jnp.maximum(m, sink)
         rescale = jnp.exp(m - m_f)
-        l = l * rescale + jnp.exp(sink - m_f)
+        denom = denom * rescale + jnp.exp(sink - m_f)
         acc = acc * rescale[..., None]
-    out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+    out = jnp.where(denom[..., None] > 0, acc / jnp.where(denom > 0, denom, 1.0)[..., None], 0.0)
     return out.transpose(0, 2, 1, 3, 4).reshape(nb, qb, h, d)
 
 

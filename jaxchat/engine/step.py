@@ -344,3 +344,18 @@ class StepRunner:
         self._programs.clear()
         self.state = None
         self.params = None
+
+
+def uniform_inputs(batch: int, length: int, page_size: int, start: int = 0, context: int | None = None) -> StepInputs:
+    """A uniform step without a scheduler (benchmarks, examples): `batch` rows of `length` tokens each at positions
+    start.., row i in its own consecutive pages from 1 + i * pages_per_row on (`context` positions a row may
+    reach, default start + length). Host arrays; the pool needs 1 + batch * pages_per_row pages."""
+    context = context or start + length
+    per_row = -(-context // page_size)
+    tables = 1 + np.arange(batch, dtype=np.int32)[:, None] * per_row + np.arange(per_row, dtype=np.int32)[None, :]
+    pos = np.broadcast_to(np.arange(start, start + length, dtype=np.int32), (batch, length))
+    rows = np.repeat(np.arange(batch, dtype=np.int32), length)
+    slots = (tables[rows, pos.reshape(-1) // page_size] * page_size + pos.reshape(-1) % page_size).astype(np.int32)
+    return StepInputs(pos.reshape(-1).copy(), rows, np.arange(batch + 1, dtype=np.int32) * length,
+                      np.full(batch, start + length, np.int32), tables, slots, np.arange(batch, dtype=np.int32),
+                      np.asarray([batch], np.int32))

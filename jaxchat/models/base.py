@@ -41,7 +41,7 @@ Contract:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 from jaxchat.models.config import ModelConfig

@@ -16,7 +16,6 @@ valid token. Prefill and decode are the same vectorised code (L shifted products
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

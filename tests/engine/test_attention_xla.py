@@ -77,7 +77,7 @@ def build_step(runs, seed, pad=3):
     return (k_pool, v_pool), step, q, k_new, v_new, (keys, values, rows_a, pos_a, tables)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attend_fn(backend: XlaAttention, uniform, window, softcap, with_sinks: bool, stacked: bool):
     def run(pool, q, k, v, step, sinks):
         attention = backend.begin(step, uniform)
@@ -99,7 +99,7 @@ def check(runs, *, uniform=None, window=None, softcap=None, sinks=None, stacked=
     want = dense_reference(q, keys, values, rows, pos, 0.3, window, softcap, sinks)
     np.testing.assert_allclose(np.asarray(out), want, atol=2e-5, rtol=1e-4)
     k_got = np.asarray(pool[0][1] if stacked else pool[0])
-    for t, (row, p) in enumerate(zip(rows, pos, strict=True)):  # the step's k was written at its slot
+    for row, p in zip(rows, pos, strict=True):  # the step's k was written at its slot
         if p >= 0:
             np.testing.assert_array_equal(k_got[tables[row, p // PAGE], :, :, p % PAGE], keys[row, p])
     return out
