@@ -4,12 +4,15 @@ Contract (`jaxchat.models.kv` states what a forward expects of a backend):
 - Pool layout, per attention layer: keys [num_pages, KV, D, page_size] (stored transposed, so q.K is a plain
   batched matmul) and values [num_pages, KV, page_size, D]; a stacked pool adds a leading layer axis.
   Page 0 is never handed to a row (the engine's allocator keeps it back): padding reads it, masked.
-- `XlaAttention(page_size, kv_block=8, query_block=16)`; `begin(step, uniform)` plans the step once per
-  window (at trace time: the plans are device arrays computed inside the step program) and `attend`
-  writes the new k/v at the step's write slots, then attends each query over its own row's pages only:
+- `XlaAttention(page_size, kv_block=8, query_block=16, long_block=128, long_from=64)`; `begin(step, uniform)`
+  plans the step once per window (at trace time: the plans are device arrays computed inside the step
+  program) and `attend` writes the new k/v at the step's write slots, then attends each query over its own
+  row's pages only:
   * queries are grouped in blocks: one token per block in a decode step (`uniform` (R, 1)); otherwise
-    rows of one token take one-token blocks (pass 1) and longer rows blocks of `query_block` tokens
-    (pass 2), so a decode row beside a prompt chunk is not padded to a block;
+    rows of one token take one-token blocks (pass 1), rows of up to `long_from` tokens blocks of
+    `query_block` tokens (pass 2), longer rows blocks of `long_block` (pass 3, in steps of more than
+    `long_from` tokens), so a decode row beside a prompt chunk is not padded to a block and a long chunk
+    reads each page once per `long_block` queries;
   * a work item is (query block, `kv_block` consecutive pages of the block's row); a block has items from
     the page holding its earliest visible position (0, or position - window + 1) to its latest one;
   * a `lax.while_loop` runs ceil(items / G) iterations (G items each, static per program) with the online
@@ -98,15 +101,17 @@ def single_token_blocks(step: StepInputs) -> Blocks:
     return Blocks(tokens[:, None], rows, pos[:, None])
 
 
-def chunk_blocks(step: StepInputs, qb: int) -> Blocks:
-    """Pass 2 of a ragged step: rows running two tokens or more, cut in blocks of qb consecutive tokens."""
+def chunk_blocks(step: StepInputs, qb: int, shortest: int = 2, longest: int | None = None) -> Blocks:
+    """A pass of a ragged step over the rows running `shortest` .. `longest` tokens (None: any more), cut in
+    blocks of qb consecutive tokens."""
     t = step.positions.shape[0]
     r = step.kv_lens.shape[0]
-    nb = t // qb + r
+    nb = t // qb + min(r, t // shortest)  # every such row adds at most one partial block
     q_len = step.cu_q_lens[1:] - step.cu_q_lens[:-1]
     rows = jnp.arange(r, dtype=jnp.int32)
     q_len = jnp.where(rows < step.num_rows[0], q_len, 0)
-    per_row = jnp.where(q_len > 1, (q_len + qb - 1) // qb, 0)
+    taken = (q_len >= shortest) if longest is None else (q_len >= shortest) & (q_len <= longest)
+    per_row = jnp.where(taken, (q_len + qb - 1) // qb, 0)
     cu = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
     b = jnp.arange(nb, dtype=jnp.int32)
     row = jnp.clip(jnp.searchsorted(cu, b, side="right").astype(jnp.int32) - 1, 0, r - 1)
@@ -232,6 +237,8 @@ class XlaAttention:
     page_size: int
     kv_block: int = 8
     query_block: int = 16
+    long_block: int = 128
+    long_from: int = 64
     name: str = "xla"
     trip_counts: tuple[int, ...] | None = None  # analysis only: unrolled iterations per pass
 
@@ -245,7 +252,11 @@ class XlaAttention:
         if uniform is not None and uniform[1] == 1:
             passes = (decode_blocks(step),)
         else:
-            passes = (single_token_blocks(step), chunk_blocks(step, self.query_block))
+            t, long_from = step.positions.shape[0], self.long_from
+            passes = (single_token_blocks(step), chunk_blocks(step, self.query_block, 2, long_from if t > long_from
+                                                                else None))
+            if t > long_from:  # long chunks: larger query blocks, so each block's pages are read fewer times
+                passes += (chunk_blocks(step, self.long_block, long_from + 1),)
         return XlaStepAttention(self, step, uniform, passes)
 
 

@@ -147,6 +147,8 @@ def test_random_steps_match_the_reference(shape, window):
     check(runs, window=window, seed=len(runs))
 
 
-@pytest.mark.parametrize("kv_block,query_block", [(1, 1), (3, 2), (8, 16)])
-def test_item_and_block_sizes_do_not_change_the_result(kv_block, query_block):
-    check([(1, 5), (6, 13), (1, 29), (9, 31)], backend=XlaAttention(PAGE, kv_block=kv_block, query_block=query_block))
+@pytest.mark.parametrize("kv_block,query_block,long_block", [(1, 1, 4), (3, 2, 8), (8, 16, 4)])
+def test_item_and_block_sizes_do_not_change_the_result(kv_block, query_block, long_block):
+    """Any item size, and rows of more than 4 tokens in a third pass of long blocks."""
+    backend = XlaAttention(PAGE, kv_block=kv_block, query_block=query_block, long_block=long_block, long_from=4)
+    check([(1, 5), (6, 13), (1, 29), (9, 31), (3, 3)], backend=backend)
