@@ -6,6 +6,7 @@ which a test enforces. The names exported here are the ones DESIGN.md promises.
 """
 
 from jaxchat.chat.detect import chat_format_detect
+from jaxchat.chat.envelopes import call_envelopes_on
 from jaxchat.chat.errors import RequestError
 from jaxchat.chat.msg import ChatMsg, ChatMsgDelta, ChatParseOptions, ToolCall
 from jaxchat.chat.parse import chat_parse, make_parser
@@ -29,6 +30,7 @@ __all__ = [
     "TemplateRefused",
     "ToolCall",
     "apply_deltas",
+    "call_envelopes_on",
     "chat_compute_deltas",
     "chat_constraint_request_from_openai",
     "chat_finish_reason",

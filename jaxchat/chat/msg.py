@@ -28,6 +28,18 @@ class ChatMsg:
 class ChatParseOptions:
     parse_tool_calls: bool = True
     tools: Sequence[dict] = ()
+    # Also read calls of `tools` written in the spec's call envelopes (fenced or bare JSON in the
+    # content, `chat.envelopes`); the service turns it on where the grammar constrains them.
+    call_envelopes: bool = False
+
+    def tool_names(self) -> frozenset[str]:
+        """The names of the declared tools."""
+        names = set()
+        for tool in self.tools:
+            function = tool.get("function", tool) if isinstance(tool, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                names.add(function["name"])
+        return frozenset(names)
 
     def tool_schema(self, name: str) -> dict | None:
         """The JSON schema of the parameters of tool `name`, or None when it is not declared."""

@@ -7,6 +7,10 @@ markers are held back, segments are trimmed and joined with a blank line, and ar
 (`chat.args`) stream strings while holding scalars. The one exception is a final text cut inside a
 tool call: the incomplete call is dropped and its raw text is kept in `content`.
 
+With `ChatParseOptions.call_envelopes`, the JSON-call formats also read calls written as fenced or
+bare JSON in the content (`chat.envelopes`): an envelope's opening is held back until it is decided,
+a decided call streams like a native one, and an opening that proves not to be a call is content.
+
 Formats whose calls close with their own syntax (`llama3_json`, `mistral`) are read by
 `chat.parse_inline`, Harmony by `chat.parse_harmony`. The parsers are resumable:
 `make_parser(spec, options)` returns an object whose `parse(text, partial)`
@@ -25,10 +29,10 @@ from jaxchat.chat.args import (
     parse_qwen_xml_call,
 )
 from jaxchat.chat.args_json_calls import parse_deepseek_calls
-from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
+from jaxchat.chat.msg import ChatMsg, ChatParseOptions
 from jaxchat.chat.parse_harmony import HarmonyParser
 from jaxchat.chat.parse_inline import InlineCallParser
-from jaxchat.chat.parser_state import CONTENT, MarkerParser
+from jaxchat.chat.parser_state import CONTENT, MarkerParser, named_calls
 from jaxchat.chat.segments import cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
@@ -66,10 +70,6 @@ def _qwen_xml_name(body: str) -> str:
     return body[start + len("<function="): stop if stop >= 0 else len(body)].strip()
 
 
-def _named(calls: list[ParsedCall]) -> list[ToolCall]:
-    return [ToolCall(c.name, c.arguments) for c in calls if c.name is not None]
-
-
 class TaggedParser(MarkerParser):
     """Parser of the tag formats: content, `<think>`-style reasoning blocks and tool blocks."""
 
@@ -80,9 +80,14 @@ class TaggedParser(MarkerParser):
 
     def _advance(self, text: str, end: int) -> None:
         spec = self.spec
+        self.open_envelope = None
         while True:
             if self.region == _CONTENT:
                 idx, marker = self.scanner.find(text, self.openers, self.pos, end)
+                if self._envelope(text, idx if idx >= 0 else end, end):
+                    if self.open_envelope is not None:
+                        return
+                    continue
                 if idx < 0:
                     return
                 self.content.add(text[self.pos: idx])
@@ -102,6 +107,23 @@ class TaggedParser(MarkerParser):
             self.pos = idx + len(marker)
             self.scanner.reset(self.pos)
 
+    def _envelope(self, text: str, limit: int, end: int) -> bool:
+        """Handle the first call envelope in the content before `limit`: True when one is open
+        (`open_envelope` set) or closed (its calls taken, the content going on after it)."""
+        found = self.next_envelope(text, self.pos, limit, end)
+        if found is None:
+            return False
+        start, read = found
+        if read.end is None:
+            self.open_envelope = start
+            return True
+        self.content.add(text[self.pos: start])
+        self.calls.extend(named_calls(read.calls))
+        self.pos = start + read.end
+        self.scanner.reset(self.pos)
+        self.envelopes.reset(self.pos)
+        return True
+
     def _close_tool(self, body: str) -> None:
         try:
             calls = tool_body_calls(self.spec, body, False, self.options)
@@ -110,7 +132,7 @@ class TaggedParser(MarkerParser):
         except ArgumentSyntaxError:
             self.content.add(self.spec.tool_start + body + self.spec.tool_end)
             return
-        self.calls.extend(_named(calls))
+        self.calls.extend(named_calls(calls))
 
     def _reasoning_text(self, segment: str, partial: bool) -> str:
         if self.spec.kind != "gemma4":
@@ -124,7 +146,9 @@ class TaggedParser(MarkerParser):
         spec = self.spec
         segment = text[self.pos: end]
         msg = ChatMsg(self.reasoning.joined, self.content.joined, list(self.calls))
-        if self.region == _CONTENT:
+        if self.region == _CONTENT and self.open_envelope is not None:
+            self.build_open_envelope(msg, text, self.pos, end, partial=hold_back)
+        elif self.region == _CONTENT:
             if hold_back:
                 segment = cut_partial_marker(segment, self.openers + spec.stop_markers)
             msg.content = self.content.with_open(segment)
@@ -146,7 +170,7 @@ class TaggedParser(MarkerParser):
         except ArgumentSyntaxError:
             msg.content = join_segment(msg.content, self.spec.tool_start + body)
             return
-        msg.tool_calls.extend(_named(calls))
+        msg.tool_calls.extend(named_calls(calls))
 
 
 def make_parser(spec: ChatFormatSpec, options: ChatParseOptions = ChatParseOptions()):

@@ -7,7 +7,9 @@ after it is content again. Llama 3 also writes bare calls: a JSON object at the 
 content is a call when its first keys are `"name"` then `"parameters"` (else it is content), and after
 a call `;` may join another. After `<|python_tag|>`, anything but a JSON call (Llama's built-in code
 calls) is kept as text in `content`, the tag included. Text that cannot be a call is content.
-Reasoning blocks (`[THINK]...[/THINK]`, `<think>...</think>`) are read as in `chat.parse`.
+Reasoning blocks (`[THINK]...[/THINK]`, `<think>...</think>`) and call envelopes (`chat.envelopes`,
+with `ChatParseOptions.call_envelopes`; a native bare call opening the content comes first) are read
+as in `chat.parse`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from jaxchat.chat.args_core import ArgumentSyntaxError, ParsedCall
 from jaxchat.chat.args_json_calls import parse_llama_call, parse_mistral_call
 from jaxchat.chat.msg import ChatMsg, ChatParseOptions, ToolCall
-from jaxchat.chat.parser_state import CONTENT, MarkerParser
+from jaxchat.chat.parser_state import CONTENT, MarkerParser, named_calls
 from jaxchat.chat.segments import cut_partial_marker, join_segment
 from jaxchat.chat.spec import ChatFormatSpec
 
@@ -46,6 +48,7 @@ class InlineCallParser(MarkerParser):
 
     # -- closed regions ---------------------------------------------------------------------------
     def _advance(self, text: str, end: int) -> None:
+        self.open_envelope = None
         while True:
             if self.region == _CONTENT:
                 if self.bare is not None and not self._bare_call(text, end):
@@ -53,6 +56,10 @@ class InlineCallParser(MarkerParser):
                 if self.region == _CALL:
                     continue
                 idx, marker = self.scanner.find(text, self.openers, self.pos, end)
+                if self._envelope(text, idx if idx >= 0 else end, end):
+                    if self.open_envelope is not None:
+                        return
+                    continue
                 if idx < 0:
                     return
                 self.content.add(text[self.start: idx])
@@ -87,6 +94,21 @@ class InlineCallParser(MarkerParser):
         self.bare, self.bare_pending = None, False
         return True
 
+    def _envelope(self, text: str, limit: int, end: int) -> bool:
+        """Handle the first call envelope in the content before `limit`: True when one is open
+        (`open_envelope` set) or closed (its calls taken, the content going on after it)."""
+        found = self.next_envelope(text, self.start, limit, end)
+        if found is None:
+            return False
+        start, read = found
+        if read.end is None:
+            self.open_envelope = start
+            return True
+        self.content.add(text[self.start: start])
+        self.calls.extend(named_calls(read.calls))
+        self._to_content(start + read.end, start + read.end)
+        return True
+
     def _read_block(self, body: str, partial: bool) -> tuple[list[ParsedCall], int | None]:
         if self.spec.kind == "mistral":
             return parse_mistral_call(body, partial)
@@ -112,12 +134,15 @@ class InlineCallParser(MarkerParser):
     def _to_content(self, start: int, pos: int) -> None:
         self.region, self.start, self.pos = _CONTENT, start, pos
         self.scanner.reset(pos)
+        self.envelopes.reset(start)
 
     # -- the open region --------------------------------------------------------------------------
     def _build(self, text: str, end: int, hold_back: bool) -> ChatMsg:
         msg = ChatMsg(self.reasoning.joined, self.content.joined, list(self.calls))
         segment = text[self.start: end]
-        if self.region == _CONTENT:
+        if self.region == _CONTENT and self.open_envelope is not None:
+            self.build_open_envelope(msg, text, self.start, end, partial=hold_back)
+        elif self.region == _CONTENT:
             if hold_back and self.bare_pending:
                 segment = text[self.start: self.pos]  # a `;` that may still join another call
             elif hold_back:

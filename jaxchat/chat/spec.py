@@ -8,6 +8,14 @@ or "semicolon" (calls joined by `;`), `mistral` "args" (`[TOOL_CALLS]name[ARGS]{
 "json_array" (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`), `deepseek_v3` "r1"
 (`function<｜tool▁sep｜>NAME` + a ```json fence) or "v3_1" (`NAME<｜tool▁sep｜>{...}`). The
 markers inside a call that both consumers need are the `DEEPSEEK_*` and `MISTRAL_*` constants.
+
+Call envelopes (`chat.envelopes`, `constrain.tags_envelopes`): the JSON-call kinds also read calls
+written the way small models write them, as fenced or bare JSON in the content. `spec.envelopes`
+names the shapes a spec accepts (`ENVELOPES`: "fenced", a Markdown code fence; "bare", an object or
+array opening a line); a call object in an envelope opens with `{`, whitespace, then one of
+`ENVELOPE_NAME_KEYS` written exactly, a declared tool's name and `"`, then `"arguments"` or
+`"parameters"` (`ENVELOPE_ARGUMENT_KEYS`) and an object. The grammar triggers on exactly those
+name keys, so what the parser reads as an envelope call is what the grammar constrains.
 """
 
 from __future__ import annotations
@@ -28,6 +36,17 @@ DEEPSEEK_SEP = "<｜tool▁sep｜>"
 MISTRAL_ARGS = "[ARGS]"
 MISTRAL_CALL_ID = "[CALL_ID]"
 
+ENVELOPE_SHAPES = ("fenced", "bare")
+# (kind, variant) -> the envelope shapes it reads: the kinds whose calls are {"name", "arguments"} objects
+ENVELOPES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("hermes_json", ""): ENVELOPE_SHAPES,
+    ("llama3_json", "single"): ENVELOPE_SHAPES,
+    ("llama3_json", "semicolon"): ENVELOPE_SHAPES,
+    ("mistral", "json_array"): ENVELOPE_SHAPES,
+}
+ENVELOPE_NAME_KEYS = ('"name": "', '"name":"')
+ENVELOPE_ARGUMENT_KEYS = ("arguments", "parameters")
+
 
 @dataclass(frozen=True)
 class ChatFormatSpec:
@@ -41,6 +60,7 @@ class ChatFormatSpec:
     stop_markers: tuple[str, ...] = ()
     extra_stops: tuple[str, ...] = ()
     variant: str = ""
+    envelopes: tuple[str, ...] = ()  # call envelope shapes read besides the format's own call syntax
 
     def __str__(self) -> str:
         name = f"{self.kind}:{self.variant}" if self.variant else self.kind
@@ -104,4 +124,5 @@ def chat_format_make(kind: str, reasoning: bool = False, reasoning_forced: bool 
         stop_markers=stops,
         extra_stops=extra,
         variant=variant,
+        envelopes=ENVELOPES.get((kind, variant), ()),
     )
