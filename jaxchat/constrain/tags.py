@@ -10,6 +10,9 @@ the request asked for. Layout:
                   allowed; optional so that a prefill that already opened it is accepted)
     body          tool_choice auto:      free text with triggered tool tags (or, under a JSON
                                          response_format, the JSON or tool calls)
+                                         and, for the JSON-call kinds, call envelopes
+                                         (`tags_envelopes`: a declared tool's name key in free
+                                         text triggers the rest of its call)
                   tool_choice required:  at least one call, nothing before it
                   named function:        exactly one call of that function
                   none / no tools:       the content (JSON of the schema under json_schema)
@@ -42,9 +45,10 @@ import re
 
 import xgrammar as xgr
 
-from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
+from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on
 from jaxchat.constrain.objects import any_order_arguments
 from jaxchat.constrain.pyargs import python_calls_grammar
+from jaxchat.constrain.tags_envelopes import ENVELOPE_WS, EnvelopeTools, add_envelopes
 from jaxchat.constrain.tags_json_calls import KINDS as JSON_CALL_KINDS
 from jaxchat.constrain.tags_json_calls import call_tags, calls_format
 
@@ -132,9 +136,9 @@ def string_excludes(markers) -> list[str]:
     return out
 
 
-def _json(spec: ChatFormatSpec | None, schema, style: str = "json", excludes=()) -> dict:
+def _json(spec: ChatFormatSpec | None, schema, style: str = "json", excludes=(), max_ws: int = MAX_WS) -> dict:
     """JSON (or a builtin argument style) of `schema`, bounded, with `excludes` kept out of strings."""
-    fmt = {"type": "json_schema", "json_schema": bounded_schema(schema), "max_whitespace_cnt": MAX_WS}
+    fmt = {"type": "json_schema", "json_schema": bounded_schema(schema), "max_whitespace_cnt": max_ws}
     if style != "json":
         fmt["style"] = style
     if excludes:
@@ -161,16 +165,17 @@ def content_markers(spec: ChatFormatSpec, request: ConstraintRequest) -> tuple[s
     return (*spec.stop_markers, *spec.extra_stops, reasoning, opener)
 
 
-def _arguments(spec: ChatFormatSpec, params: dict, style: str = "json") -> dict:
+def _arguments(spec: ChatFormatSpec, params: dict, style: str = "json", max_ws: int = MAX_WS) -> dict:
     """A tool's arguments: its schema's top-level properties in any order (`objects.py`), values as
-    the builtin style constrains them, the call's markers kept out of strings. Cached by schema (the
-    same tools come with every request of a conversation); the returned dict is shared, read-only."""
-    return _cached_arguments(json.dumps(params, ensure_ascii=False), style, argument_markers(spec))
+    the builtin style constrains them, the call's markers kept out of strings, whitespace runs up to
+    `max_ws`. Cached by schema (the same tools come with every request of a conversation); the returned
+    dict is shared, read-only."""
+    return _cached_arguments(json.dumps(params, ensure_ascii=False), style, argument_markers(spec), max_ws)
 
 
 @functools.lru_cache(maxsize=1024)
-def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...]) -> dict:
-    return any_order_arguments(_json(None, json.loads(params_json), style, markers))
+def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...], max_ws: int) -> dict:
+    return any_order_arguments(_json(None, json.loads(params_json), style, markers, max_ws))
 
 
 def _params(tool: dict) -> dict:
@@ -205,12 +210,14 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     raise ValueError(f"chat format {spec.kind!r} has no tool-call syntax")
 
 
-def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, excludes) -> dict:
+def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, excludes,
+           envelopes: EnvelopeTools | None = None) -> dict:
     """Tool calls: with `at_least_one`, one or more calls separated by a newline and nothing else;
-    otherwise free text in which the tool opener triggers a call."""
+    otherwise free text in which the tool opener triggers a call (and, with `envelopes`, the name
+    keys of call envelopes trigger theirs)."""
     if spec.kind in JSON_CALL_KINDS:
         arguments = [(t["function"]["name"], _arguments(spec, _params(t))) for t in tools]
-        return calls_format(spec, arguments, at_least_one, single, excludes)
+        return calls_format(spec, arguments, at_least_one, single, excludes, envelopes)
     if spec.kind == "lfm2":
         grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
         tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]
@@ -220,7 +227,7 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
         return tags[0]
     if at_least_one:  # calls only: no text before, between or after them
         return {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True, "stop_after_first": single}
-    return {
+    triggered = {
         "type": "triggered_tags",
         "triggers": [spec.tool_start],
         "tags": tags,
@@ -228,6 +235,15 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
         "stop_after_first": single,
         "excludes": [m for m in excludes if m != spec.tool_start],
     }
+    return triggered if envelopes is None else add_envelopes(triggered, envelopes.formats(single, excludes))
+
+
+def envelope_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools) -> EnvelopeTools | None:
+    """The call envelopes of a request's free text (`tags_envelopes`), or None when it reads none."""
+    if not call_envelopes_on(spec, request):
+        return None
+    return EnvelopeTools(tuple((t["function"]["name"], _arguments(spec, _params(t), max_ws=ENVELOPE_WS)) for t in tools),
+                         request.tool_names)
 
 
 def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
@@ -323,7 +339,7 @@ def chat_structural_tag(spec: ChatFormatSpec, request: ConstraintRequest, tools_
     elif request.tool_choice == "required":
         body = _calls(spec, tools, True, single, excludes)
     elif content is None:
-        body = _calls(spec, tools, False, single, excludes)
+        body = _calls(spec, tools, False, single, excludes, envelope_tools(spec, request, tools))
     else:
         body = {"type": "or", "elements": [content, _calls(spec, tools, True, single, excludes)]}
     if spec.reasoning and spec.reasoning_start and request.allow_reasoning:

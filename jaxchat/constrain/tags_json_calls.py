@@ -22,6 +22,9 @@ Shapes, per kind (the markers come from `jaxchat.chat.spec`):
     variant), bare or after `<|python_tag|>`. Bare calls are read only at the very start of the
     content, so free text may not start with `{` (after at most 4 whitespace characters) nor with
     `<|`; free text may end with `<|python_tag|>` calls, and nothing follows calls.
+With `envelopes` (`tags_envelopes`), the free text of llama3_json and mistral json_array also carries
+the call-envelope triggers; Llama's single variant (or `single`) then allows one call in all: an
+envelope call in the text (free text after it, no call) or a `<|python_tag|>` call after text without one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import json
 
 from jaxchat.chat import ChatFormatSpec
 from jaxchat.chat.spec import DEEPSEEK_CALL_BEGIN, DEEPSEEK_CALL_END, DEEPSEEK_SEP, MISTRAL_ARGS, MISTRAL_CALL_ID
+from jaxchat.constrain.tags_envelopes import EnvelopeTools, add_envelopes
 
 KINDS = frozenset({"llama3_json", "mistral", "deepseek_v3"})
 
@@ -65,9 +69,11 @@ def _separated(tags: list[dict], separator: str, single: bool) -> dict:
             "stop_after_first": single}
 
 
-def _triggered(spec: ChatFormatSpec, tags: list[dict], single: bool, excludes) -> dict:
-    return {"type": "triggered_tags", "triggers": [spec.tool_start], "tags": tags, "at_least_one": False,
-            "stop_after_first": single, "excludes": [m for m in excludes if m != spec.tool_start]}
+def _triggered(spec: ChatFormatSpec, tags: list[dict], single: bool, excludes,
+               envelopes: EnvelopeTools | None = None) -> dict:
+    triggered = {"type": "triggered_tags", "triggers": [spec.tool_start], "tags": tags, "at_least_one": False,
+                 "stop_after_first": single, "excludes": [m for m in excludes if m != spec.tool_start]}
+    return triggered if envelopes is None else add_envelopes(triggered, envelopes.formats(single, excludes))
 
 
 def call_tags(spec: ChatFormatSpec, name: str, arguments: dict) -> list[dict]:
@@ -92,8 +98,9 @@ def _regex_literal(text: str) -> str:
 
 
 def calls_format(spec: ChatFormatSpec, tools: list[tuple[str, dict]], at_least_one: bool, single: bool,
-                 excludes) -> dict:
-    """The calls of a turn (see the module contract)."""
+                 excludes, envelopes: EnvelopeTools | None = None) -> dict:
+    """The calls of a turn (see the module contract); `envelopes` join the free text (not with
+    `at_least_one`, which has none)."""
     tags = [tag for name, arguments in tools for tag in call_tags(spec, name, arguments)]
     if spec.kind == "deepseek_v3":
         separator = "\n" if spec.variant == "r1" else ""
@@ -101,17 +108,32 @@ def calls_format(spec: ChatFormatSpec, tools: list[tuple[str, dict]], at_least_o
         return block if at_least_one else _triggered(spec, [block], single, excludes)
     if spec.kind == "mistral" and spec.variant == "json_array":
         array = _tag(spec.tool_start + "[", _separated(tags, ", ", single), "]")
-        return array if at_least_one else _triggered(spec, [array], single, excludes)
+        return array if at_least_one else _triggered(spec, [array], single, excludes, envelopes)
     if spec.kind == "mistral":
         return _separated(tags, "", single) if at_least_one else _triggered(spec, tags, single, excludes)
-    return _llama_calls(spec, tags, at_least_one, single or spec.variant == "single", excludes)
+    return _llama_calls(spec, tags, at_least_one, single or spec.variant == "single", excludes, envelopes)
 
 
-def _llama_calls(spec: ChatFormatSpec, tags: list[dict], at_least_one: bool, single: bool, excludes) -> dict:
+def _free_text(excludes, envelopes: EnvelopeTools, single: bool) -> dict:
+    """Free text whose call envelopes trigger their calls."""
+    free = {"type": "triggered_tags", "triggers": [], "tags": [], "at_least_one": False, "stop_after_first": single,
+            "excludes": list(excludes)}
+    return add_envelopes(free, envelopes.formats(single, excludes))
+
+
+def _llama_calls(spec: ChatFormatSpec, tags: list[dict], at_least_one: bool, single: bool, excludes,
+                 envelopes: EnvelopeTools | None = None) -> dict:
     calls = _or(*tags) if single else _separated(tags, "; ", single)
     tagged = _seq(_const(spec.tool_start), calls)
     if at_least_one:
         return _or(calls, tagged)
-    text = _seq({"type": "regex", "pattern": _LLAMA_TEXT_START}, {"type": "any_text", "excludes": list(excludes)},
-                _optional(tagged))
+    start = {"type": "regex", "pattern": _LLAMA_TEXT_START}
+    if envelopes is None:
+        text = _seq(start, {"type": "any_text", "excludes": list(excludes)}, _optional(tagged))
+    elif single:  # one call in all: an envelope call in the text, or a tagged call after text without one
+        text = _or(_seq(start, _free_text(excludes, envelopes, True)),
+                   _seq(start, {"type": "any_text", "excludes": [*excludes, *envelopes.every_head()]},
+                        _optional(tagged)))
+    else:
+        text = _seq(start, _free_text(excludes, envelopes, False), _optional(tagged))
     return _or(calls, tagged, text, _const(""))
