@@ -54,7 +54,7 @@ def _envelopes(spec) -> list[Golden]:
         _g(spec, "fenced_compact", fence(w_compact), calls=[weather]),
         _g(spec, "fenced_no_language", fence(w_compact, ""), calls=[weather]),
         _g(spec, "fenced_parameters_key", fence(compact("get_time", {}, "parameters")), calls=[GET_TIME]),
-        _g(spec, "fenced_nested_unicode", fence(pretty("search", NESTED_ARGS, 4)), calls=[("search", NESTED_ARGS)]),
+        _g(spec, "fenced_nested_unicode", fence(pretty("search", NESTED_ARGS)), calls=[("search", NESTED_ARGS)]),
         _g(spec, "fenced_several_objects", fence(w_pretty + "\n" + t_compact), calls=[weather, GET_TIME]),
         _g(spec, "several_fences", fence(w_compact) + "\n\n" + fence(t_compact), calls=[weather, GET_TIME]),
         _g(spec, "fenced_array", fence(json.dumps([json.loads(w_compact), json.loads(t_compact)], indent=2)),

@@ -1,9 +1,9 @@
 """Grammar–parser agreement by seeded random walks (see `support.walk` for the stated bias).
 
 For each format x tool_choice mode x response_format (x reasoning on/off where the format reasons),
-every walk's text must parse with `chat_parse` into calls whose names satisfy the mode and whose
-arguments validate against the tool's schema (no key twice), and into JSON content that validates
-under json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
+every walk's text must parse with `chat_parse` (call envelopes read where the service reads them)
+into calls whose names satisfy the mode and whose arguments validate against the tool's schema (no
+key twice), and into JSON content that validates under json_object / json_schema. `JAXCHAT_WALKS` sets the walks per combination (CI default 4, every
 combination covered, the whole tests/constrain directory in about 2 minutes on 2 cores; the
 acceptance run uses 200). Seeds are a CRC of the combination, so a failure reproduces. Every odd walk
 jumps forward as the engine does (`jaxchat.engine.jump_forward`): the text the grammar forces is taken
@@ -22,7 +22,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from jaxchat.chat import ChatParseOptions, chat_format_make, chat_format_prefill, chat_parse
+from jaxchat.chat import ChatParseOptions, call_envelopes_on, chat_format_make, chat_format_prefill, chat_parse
 from jaxchat.constrain import chat_structural_tag
 from tests.constrain.support import SCHEMA, closing_sequences, make_request, marker_sequences, output_text, walk
 
@@ -72,9 +72,12 @@ def _unique_keys(pairs: list) -> dict:
 
 
 def check(spec, request, text: str, finished: bool) -> list[str]:
-    """Problems with one walk's output; [] when it agrees with the request."""
+    """Problems with one walk's output; [] when it agrees with the request. The output is read as the
+    service reads it: call envelopes too where `call_envelopes_on` says so."""
     parse_calls = request.tool_choice != "none" and bool(request.tools) and spec.has_tools
-    msg = chat_parse(spec, text, not finished, ChatParseOptions(parse_tool_calls=parse_calls, tools=request.tools))
+    options = ChatParseOptions(parse_tool_calls=parse_calls, tools=request.tools,
+                               call_envelopes=call_envelopes_on(spec, request))
+    msg = chat_parse(spec, text, not finished, options)
     problems = []
     calls = msg.tool_calls
     allowed = {t["function"]["name"]: t["function"]["parameters"] for t in request.callable_tools}
