@@ -242,8 +242,8 @@ def envelope_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools) -> E
     """The call envelopes of a request's free text (`tags_envelopes`), or None when it reads none."""
     if not call_envelopes_on(spec, request):
         return None
-    return EnvelopeTools(tuple((t["function"]["name"], _arguments(spec, _params(t), max_ws=ENVELOPE_WS)) for t in tools),
-                         request.tool_names)
+    callable_ = tuple((t["function"]["name"], _arguments(spec, _params(t), max_ws=ENVELOPE_WS)) for t in tools)
+    return EnvelopeTools(callable_, request.tool_names)
 
 
 def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
