@@ -2,7 +2,7 @@
 
 Starts `jaxchat serve` (no --model: Qwen2.5-Coder-0.5B-Instruct from the asset fetcher) as a subprocess
 on 127.0.0.1, waits for /health, sends a `tool_choice: "required"` request with curl and checks the
-call, then runs every standard-library live check in `tests/live/` against it, and stops the server
+call (and one under "auto", which the model writes as a fenced JSON call), then runs every standard-library live check in `tests/live/` against it, and stops the server
 with SIGTERM (it must exit 0).
 """
 
@@ -242,6 +242,44 @@ def test_anthropic_sdk_against_real_model(server):
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model=MODEL, max_tokens=8, messages=ask, tools=[tool], tool_choice={"type": "tool", "name": "nope"})
     assert err.value.body["type"] == "error" and err.value.body["error"]["message"].startswith("tool_choice.name")
+
+
+TRIANGLE = {"type": "function", "function": {
+    "name": "calculate_triangle_area",
+    "description": "Calculate the area of a triangle given its base and height. Note that the provided function is in "
+                   "Python 3 syntax.",
+    "parameters": {"type": "object", "properties": {
+        "base": {"type": "integer", "description": "The base of the triangle."},
+        "height": {"type": "integer", "description": "The height of the triangle."},
+        "unit": {"type": "string", "description": "The unit of measure (defaults to 'units' if not specified)"}},
+        "required": ["base", "height"]}}}
+
+
+def test_fenced_call_under_auto_is_a_tool_call(server):
+    """BFCL v4 simple_python_0 (bench/function_calling.py): under tool_choice auto the model writes its call as
+    a ```json fence, not `<tool_call>`; it comes back as the tool call, streamed and not alike."""
+    import openai
+
+    base, _, _ = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+    request = {"model": "qwen2.5-coder-0.5b-instruct", "tools": [TRIANGLE], "temperature": 0, "max_tokens": 96,
+               "messages": [{"role": "user", "content": "Find the area of a triangle with a base of 10 units and "
+                                                        "height of 5 units."}]}
+    reply = client.chat.completions.create(**request)
+    message = reply.choices[0].message
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+    assert len(calls) == 1 and calls[0][0] == "calculate_triangle_area", (message.content, calls)
+    assert {k: calls[0][1][k] for k in ("base", "height")} == {"base": 10, "height": 5}
+    assert reply.choices[0].finish_reason == "tool_calls" and "```" not in (message.content or "")
+    streamed = {"content": "", "name": "", "arguments": ""}
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for choice in chunk.choices:
+            streamed["content"] += choice.delta.content or ""
+            for call in choice.delta.tool_calls or ():
+                streamed["name"] += call.function.name or ""
+                streamed["arguments"] += call.function.arguments or ""
+    assert streamed == {"content": message.content or "", "name": "calculate_triangle_area",
+                        "arguments": message.tool_calls[0].function.arguments}
 
 
 def test_sigterm_exits_cleanly(server):
