@@ -5,11 +5,12 @@ Contract: `ChatService(engine, model_id, grammar=None)` takes requests already r
 request is rendered with the model's own template, tokenised, given a prefill and a constraint built
 from the model's one `ChatFormatSpec`, run through the engine, and read back by the same spec's
 parser: once for a plain response, incrementally (`ChatStream`) for a stream, so both modes agree by
-construction; calls written in the format's call envelopes (fenced or bare JSON, `jaxchat.chat.envelopes`)
-are read where `call_envelopes_on` says so, the rule the grammar's envelope triggers follow. When tool
-calls are parsed, an output cut before the model ended its turn is read as the stream read it
-(`jaxchat.api.cut`); under tool_choice "required" or named, `content` is null. The 400s that need the
-model are raised here, before any output: a template that cannot render tools under `tool_choice` "required"/named or refuses the messages, no chat template, a prompt the tokenizer
+construction. Calls written in the format's call envelopes (fenced or bare JSON,
+`jaxchat.chat.envelopes`) are read where `call_envelopes_on` says so, the rule the grammar's envelope
+triggers follow. When tool calls are parsed, an output cut before the model ended its turn is read as the
+stream read it (`jaxchat.api.cut`); under tool_choice "required" or named, `content` is null. The
+400s that need the model are raised here, before any output: a template that cannot render tools
+under `tool_choice` "required"/named or refuses the messages, no chat template, a prompt the tokenizer
 cannot encode, one that is empty after tokenisation or does not fit the context. `chat_completion` / `completion` return the response dict
 (with `usage`); `chat_completion_stream` / `completion_stream` return a `ChunkStream` whose `usage`
 is set when the response is complete; errors found before the first chunk are raised on the first
