@@ -199,7 +199,12 @@ def test_openai_responses_api_against_real_model(server):
     history = [*ask, *called.output, *({"type": "function_call_output", "call_id": c.call_id, "output": "booked"}
                                        for c in calls)]
     answer = client.responses.create(model=MODEL, input=history, tools=[tool], max_output_tokens=32, temperature=0)
-    assert answer.output_text
+    # The reply to the tool's output: text, or (as this model does at temperature 0) the call again, written as
+    # bare JSON. Since call envelopes (issue 36) that is a function_call, no longer text.
+    again = [item for item in answer.output if item.type == "function_call"]
+    assert answer.output_text or (again and again[0].name == "book_table")
+    for item in again:
+        jsonschema.validate(json.loads(item.arguments), tool["parameters"])
 
     class City(BaseModel):
         name: str
