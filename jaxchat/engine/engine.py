@@ -30,6 +30,8 @@ Contract:
   turns it off. `engine.expect_request()` (the server calls it as a request comes in) announces a request
   still being read: the gather also waits while announced requests have not been submitted, within the
   window (`arrivals`).
+- `overlap=True`: the host takes a step's tokens and fills the next masks while the next step's forward runs
+  (`scheduler`); False runs launch, sample and token handling in turn (the same greedy outputs).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in the row's
   next step beside the other rows (`tokens`). `executable_cache=DIR` keeps the step programs serialized there
   (`executables`), so the next engine on the same model and shapes loads them instead of compiling.
@@ -198,6 +200,7 @@ class Engine:
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,
         jump_forward: bool = True,
+        overlap: bool = True,
         warmup: bool = True,
         start: bool = True,
         burst_gap_s: float = BURST_GAP_S,
@@ -232,7 +235,8 @@ class Engine:
         log.info("KV pool: %d pages of %d tokens (%d tokens, %.2f GiB)", pages - 1, page, (pages - 1) * page,
                  pages * page * per_token / (1 << 30))
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, jump_forward=jump_forward,
-                                   prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest())
+                                   prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest(),
+                                   overlap=overlap)
         if warmup:
             self._warmup()
         self._compiles_at_ready = compile_count()
