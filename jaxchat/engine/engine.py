@@ -246,6 +246,9 @@ class Engine:
         step_model = (model.step_model(params, mesh_platform(self.mesh), layout="unrolled")
                       if backend.name == "pallas" else model.step_model(params, mesh_platform(self.mesh)))
         pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
+        n_dev = self.mesh.devices.size
+        if num_pages is None and n_dev > 1 and pages > n_dev:
+            pages -= pages % n_dev  # the pages split evenly when the kv heads cannot (`step.StepRunner`)
         # no step can hold more than every row's whole context
         step_tokens = min(max_step_tokens or default_step_tokens(self.mesh), max_batch * max_context)
         identity = program_identity(model)

@@ -41,8 +41,9 @@ Contract:
   the next ones. Those runs write nothing (no slot, no page).
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
   runs the same programs, see `step_link`, and reads the replicated outputs locally); pool arrays are sharded
-  over the mesh axis "tp" on their kv-head (or state channel) axis when it divides, everything else is
-  replicated.
+  over the mesh axis "tp" on their kv-head (or state channel) axis when it divides, else a KV pool on its page
+  axis (more devices than kv heads: each device holds num_pages / devices pages; the engine makes the page
+  count divide); everything else is replicated.
 """
 
 from __future__ import annotations
@@ -276,9 +277,13 @@ class StepRunner:
         n_dev = mesh.devices.size
 
         def pool_sharding(x) -> NamedSharding:
-            if x.ndim <= head_axis or x.shape[head_axis] % n_dev:
+            if x.ndim > head_axis and x.shape[head_axis] % n_dev == 0:
+                axis = head_axis  # kv heads (or state channels)
+            elif n_dev > 1 and x.ndim > head_axis and x.shape[head_axis - 1] == num_pages and num_pages % n_dev == 0:
+                axis = head_axis - 1  # more devices than kv heads: the pages
+            else:
                 return rep
-            return NamedSharding(mesh, P(*("tp" if a == head_axis else None for a in range(x.ndim))))
+            return NamedSharding(mesh, P(*("tp" if a == axis else None for a in range(x.ndim))))
 
         state_sh = DeviceState(jax.tree.map(pool_sharding, pools), rep, rep, rep)
         param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
