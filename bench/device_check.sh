@@ -7,10 +7,10 @@
 # Usage: bash bench/device_check.sh [--smoke] [--help] [options of bench/device_check.py]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-.venv/bin/python}"  # the venv scripts/bootstrap.sh made
+[ -x "$PYTHON" ] || PYTHON=python3
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
   sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
-  exec .venv/bin/python bench/device_check.py --help
+  exec "$PYTHON" bench/device_check.py --help
 fi
-PYTHON=.venv/bin/python
-[ -x "$PYTHON" ] || PYTHON=python3
 exec timeout 480 "$PYTHON" bench/device_check.py "$@"
