@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-jump-forward", action="store_true",
                        help="one device step per token (default: text the grammar forces is appended without "
                             "sampling, in one step; either way it is spelled as the tokenizer spells it)")
+    serve.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto",
+                       help="attention backend: xla (the jnp ragged path), pallas (JAX's Pallas TPU kernel; off TPU "
+                            "under Pallas' interpreter: slow, exact, for checking); auto: pallas on TPU where the "
+                            "kernel runs the model, else xla")
+    serve.add_argument("--no-overlap", action="store_true",
+                       help="take each step's tokens before launching the next (default: the host takes them and "
+                            "fills the grammar masks while the next step's forward runs)")
     serve.add_argument("--burst-window-ms", type=float, default=None, metavar="MS",
                        help="an idle server woken by a request waits while more arrive (each within 3 ms of the "
                             "last) and while requests it is still reading have not reached the engine, at most MS "
@@ -129,14 +136,18 @@ def _serve(args: argparse.Namespace) -> int:
     engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
                        jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
-                       page_size=args.page_size, max_step_tokens=args.max_step_tokens)
+                       page_size=args.page_size, max_step_tokens=args.max_step_tokens, attention=args.attention,
+                       overlap=not args.no_overlap)
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
                            else min(BURST_GAP_S, args.burst_window_ms / 1000))
     if rank is not None and rank > 0:
         return _follow(args.model, rank, engine_args)
-    service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
-                                 start=rank is None, **engine_args)
+    try:
+        service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
+                                     start=rank is None, **engine_args)
+    except ValueError as exc:  # a setting the model cannot take (e.g. --attention pallas on a head_dim of 64)
+        raise SystemExit(f"jaxchat: error: {exc}") from None
     release_freed_memory()  # the loader's conversion buffers
     # Python's full collections traverse every object; the loaded model's (tokenizer vocabulary, grammar
     # tables, jax objects) took 40-160 ms each here, stalling the event loop and the engine thread alike.

@@ -4,7 +4,8 @@ Contract:
 - `GrammarConstraint`: one xgrammar matcher per request. `start(prefill)` feeds the text the prompt
   already opened (Harmony's leading `assistant` role is dropped); `fill_mask(row)` writes the
   allowed-token bitmask into `row` (numpy int32, the layout of `jaxchat.bitmask`; xgrammar writes
-  it in place, no copy); `accept(token)` advances (False when the grammar rejected the token);
+  it in place, no copy); `GrammarConstraint.fill_masks(constraints, rows)` fills several at once (one batched
+  xgrammar call over its thread pool: the engine's host loop uses it); `accept(token)` advances (False when the grammar rejected the token);
   `accept_forced(token)` advances by a token the model was made to emit; `is_terminated()`.
 - Jump-forward: `forced_text()` is the continuation the grammar admits as the only one (xgrammar's
   jump-forward string); `accept_jumped(token)` advances by one token of it, or returns False and leaves
@@ -32,6 +33,16 @@ import xgrammar as xgr
 from jaxchat.bitmask import mask_words
 
 log = logging.getLogger("jaxchat")
+
+
+_BATCH_MATCHER: list = []
+
+
+def _batch_matcher():
+    """One xgrammar batch matcher per process (a thread pool of half the machine's cores)."""
+    if not _BATCH_MATCHER:
+        _BATCH_MATCHER.append(xgr.BatchGrammarMatcher())
+    return _BATCH_MATCHER[0]
 
 
 class GrammarConstraint:
@@ -103,6 +114,31 @@ class GrammarConstraint:
             row[self.words:] = 0
         if self.canary_id is not None and (self.guard_ids or self.late_guard_ids or self.opener_ids):
             self._guard(row.view(np.uint32))
+
+    @classmethod
+    def fill_masks(cls, constraints: list[GrammarConstraint], rows: list[np.ndarray]) -> None:
+        """`fill_mask` of several constraints at once: the live matchers' masks in one batched xgrammar call
+        (its threads), then each row's own finishing (padding words, marker guard)."""
+        live = [(c, row) for c, row in zip(constraints, rows, strict=True)
+                if not c.disabled and not c._matcher.is_terminated()]
+        for c, row in zip(constraints, rows, strict=True):
+            if c.disabled or c._matcher.is_terminated():
+                row.fill(-1)
+        if not live:
+            return
+        words = live[0][0].words
+        if len(live) == 1 or any(c.words != words for c, _ in live):
+            for c, row in live:
+                c.fill_mask(row)
+            return
+        masks = np.empty((len(live), words), np.int32)
+        _batch_matcher().batch_fill_next_token_bitmask([c._matcher for c, _ in live], masks)
+        for (c, row), mask in zip(live, masks, strict=True):
+            row[:words] = mask
+            if row.shape[0] > words:
+                row[words:] = 0
+            if c.canary_id is not None and (c.guard_ids or c.late_guard_ids or c.opener_ids):
+                c._guard(row.view(np.uint32))
 
     def _guard(self, bits: np.ndarray) -> None:
         """Marker guard: where plain text is allowed (the canary token is), a marker token could only

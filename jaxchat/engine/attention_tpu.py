@@ -18,7 +18,8 @@ Contract (one attention layer; T = tokens of the step, R = rows, KV = kv heads, 
   lane-wide scratch) and `2 * KV` in {2, 4, 8} or a multiple of 8 (f32; bf16: KV in {1, 2, 4, 8} or a multiple
   of 8). Block sizes: `block_sizes(...)`, the kernel's tuned table on TPU, its default (128 pages, 32 queries,
   each clipped) elsewhere; both may be overridden.
-- `PallasAttention(page_size)` is the same kernel as an attention backend of the engine's step
+- `unsupported(config)`: why the kernel cannot run a model's attention, or None.
+- `PallasAttention(page_size, interpret=False)` is the same kernel as an attention backend of the engine's step
   (`jaxchat.models.kv`): its pools, and a step attention whose `attend` writes the step's k/v and runs the
   kernel over the step's rows (no sinks: gpt-oss stays on the jnp backend).
 - `interpret=True` raises NotImplementedError: with jax 0.10.2 the kernel cannot run under Pallas' TPU interpret
@@ -148,21 +149,28 @@ class PallasAttention:
     """The kernel as an attention backend (`jaxchat.models.kv.AttentionBackend`): pools in the kernel's layout (a
     stacked pool adds a leading layer axis; a layer's view of it is a copy, so per-layer pools are preferred), the
     engine's step inputs passed as the kernel takes them (rows' tokens contiguous, each row's queries the last of
-    its context, `num_rows` rows in use, page 0 in every unused table entry)."""
+    its context, `num_rows` rows in use, page 0 in every unused table entry). `interpret=True` (off TPU): the
+    kernel runs under Pallas' TPU interpreter, patched for the rest of the process (`pallas_interpret.enable`):
+    slow and exact, for checking this path on CPU."""
 
     name = "pallas"
 
-    def __init__(self, page_size: int) -> None:
-        self.page_size = page_size
+    def __init__(self, page_size: int, interpret: bool = False) -> None:
+        self.page_size, self.interpret = page_size, interpret
+        if interpret:
+            from jaxchat.engine import pallas_interpret
+
+            pallas_interpret.enable()
 
     def __repr__(self) -> str:
-        return f"PallasAttention(page_size={self.page_size})"
+        return f"PallasAttention(page_size={self.page_size}, interpret={self.interpret})"
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, PallasAttention) and other.page_size == self.page_size
+        return isinstance(other, PallasAttention) and (other.page_size, other.interpret) == (self.page_size,
+                                                                                             self.interpret)
 
     def __hash__(self) -> int:
-        return hash(("pallas", self.page_size))
+        return hash(("pallas", self.page_size, self.interpret))
 
     def new_pool(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype, layers: int | None = None):
         pool = new_pool(num_pages, page_size, kv_heads, head_dim, dtype)
@@ -170,3 +178,17 @@ class PallasAttention:
 
     def begin(self, step, uniform=None) -> PallasStepAttention:
         return PallasStepAttention(self, step, uniform)
+
+
+def unsupported(config) -> str | None:
+    """Why the kernel cannot run a model's attention (None: it can): head dims a multiple of 128, kv heads the
+    kernel tiles, no attention sinks."""
+    dims = {config.head_dim, config.global_head_dim or config.head_dim}
+    if any(d % 128 for d in dims):
+        return f"head_dim {sorted(dims)}: the kernel needs a multiple of 128"
+    for kv in {config.num_kv_heads, config.num_global_kv_heads or config.num_kv_heads}:
+        if 2 * kv not in (2, 4, 8) and (2 * kv) % 8:
+            return f"{kv} kv heads: the kernel tiles 1, 2, 4 or a multiple of 4"
+    if config.attention_sinks:
+        return "attention sinks (gpt-oss): the kernel has none"
+    return None

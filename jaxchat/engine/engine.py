@@ -30,6 +30,10 @@ Contract:
   turns it off. `engine.expect_request()` (the server calls it as a request comes in) announces a request
   still being read: the gather also waits while announced requests have not been submitted, within the
   window (`arrivals`).
+- `attention` ("auto", "xla", "pallas"; `attention_backend`): the jnp ragged attention everywhere, or JAX's
+  Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact).
+- `overlap=True`: the host takes a step's tokens and fills the next masks while the next step's forward runs
+  (`scheduler`); False runs launch, sample and token handling in turn (the same greedy outputs).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in the row's
   next step beside the other rows (`tokens`). `executable_cache=DIR` keeps the step programs serialized there
   (`executables`), so the next engine on the same model and shapes loads them instead of compiling.
@@ -106,6 +110,28 @@ def ragged_rows(max_batch: int) -> tuple[int, ...]:
     """Row counts of the ragged programs: 8 and max_batch (a lone row runs in the smallest: the extra rows cost
     only their logits). Models with recurrent layers run one row instead (`step.StepRunner`)."""
     return tuple(sorted({min(8, max_batch), max_batch}))
+
+
+ATTENTION_CHOICES = ("auto", "xla", "pallas")
+
+
+def attention_backend(name: str, config: Any, platform: str, page_size: int):
+    """The attention backend `name` ("auto", "xla", "pallas") asks for on `platform`: "auto" is JAX's Pallas TPU
+    kernel on TPU when it can run the model's attention (`attention_tpu.unsupported`), else the jnp path;
+    "pallas" off TPU runs the kernel under Pallas' TPU interpreter (slow, exact). Raises ValueError for an unknown
+    name or a model the kernel cannot run."""
+    from jaxchat.engine import attention_tpu
+
+    if name not in ATTENTION_CHOICES:
+        raise ValueError(f"attention {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
+    why = attention_tpu.unsupported(config)
+    if name == "auto":
+        name = "pallas" if platform == "tpu" and why is None else "xla"
+    if name == "xla":
+        return XlaAttention(page_size, kv_block=max(1, 128 // page_size))
+    if why is not None:
+        raise ValueError(f"--attention pallas cannot run this model: {why}; use --attention xla")
+    return attention_tpu.PallasAttention(page_size, interpret=platform != "tpu")
 
 
 class _Core:
@@ -198,6 +224,8 @@ class Engine:
         prefix_cache: bool = True,
         executable_cache: str | os.PathLike | None = None,
         jump_forward: bool = True,
+        overlap: bool = True,
+        attention: str = "auto",
         warmup: bool = True,
         start: bool = True,
         burst_gap_s: float = BURST_GAP_S,
@@ -213,15 +241,20 @@ class Engine:
         specs = model.partition_specs(self.mesh)
         shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
         params = jax.device_put(model.params, shardings)
-        step_model = model.step_model(params, mesh_platform(self.mesh))
         page = page_size or default_page_size(self.mesh)
+        backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page)
+        step_model = (model.step_model(params, mesh_platform(self.mesh), layout="unrolled")
+                      if backend.name == "pallas" else model.step_model(params, mesh_platform(self.mesh)))
         pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
+        n_dev = self.mesh.devices.size
+        if num_pages is None and n_dev > 1 and pages > n_dev:
+            pages -= pages % n_dev  # the pages split evenly when the kv heads cannot (`step.StepRunner`)
         # no step can hold more than every row's whole context
         step_tokens = min(max_step_tokens or default_step_tokens(self.mesh), max_batch * max_context)
         identity = program_identity(model)
         self.runner = StepRunner(
             step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab, valid_vocab=valid_vocab,
-            mesh=self.mesh, backend=XlaAttention(page, kv_block=max(1, 128 // page)), num_pages=pages,
+            mesh=self.mesh, backend=backend, num_pages=pages,
             token_buckets=step_token_buckets or token_buckets(step_tokens),
             decode_rows=decode_rows or pow2_buckets(1, max_batch),
             ragged_rows=ragged_rows(max_batch),
@@ -232,7 +265,8 @@ class Engine:
         log.info("KV pool: %d pages of %d tokens (%d tokens, %.2f GiB)", pages - 1, page, (pages - 1) * page,
                  pages * page * per_token / (1 << 30))
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, jump_forward=jump_forward,
-                                   prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest())
+                                   prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest(),
+                                   overlap=overlap)
         if warmup:
             self._warmup()
         self._compiles_at_ready = compile_count()

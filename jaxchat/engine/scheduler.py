@@ -3,8 +3,16 @@
 Contract:
 - `Scheduler.submit(request, emit)` queues a request; `emit(GenerationOutput)` is called (from the thread
   that calls `step()`) with each delta, the last one having `finished=True` and a `finish_reason`.
-- `step()`: apply aborts, `schedule()` a `StepPlan`, run it (`runner.run`), and hand each row's outputs to
-  the token handler (`tokens.TokenHandler`); then free what finished requests held.
+- `step()`: apply aborts, `schedule()` a `StepPlan`, run it, and hand each row's outputs to the token handler
+  (`tokens.TokenHandler`); then free what finished requests held.
+- Overlap (`overlap=True`, the engine's default): a step's forward is launched before the previous step's
+  sampled tokens are read (`runner.launch`); while it runs, the host takes those tokens (grammar accept,
+  detokenise, stop checks, emit) and fills the next masks, then dispatches this step's sampler
+  (`runner.sample`) with them. A row whose token is still on the device is scheduled with that token fed from
+  the device (`RowInput.feed`), unless that token will be its last (`max_tokens`, the context). A row found
+  finished when its token is taken has its sample in the running step dropped (one extra token computed,
+  never emitted); a row whose token brings forced text (jump-forward) drops it too and runs the forced tokens
+  in the next step. Greedy outputs are those of `overlap=False` (launch, sample, take in turn).
 - `schedule()` (the decisions; the runner only executes): within one step's token budget
   (`runner.max_step_tokens`) it takes every running request's pending tokens, oldest first (one token while
   decoding, the sampled token and forced text after a jump, the next chunk of a prompt), then admits waiting
@@ -41,7 +49,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxchat.engine.pages import PagePool
-from jaxchat.engine.sampler import SampleOut
 from jaxchat.engine.sequence import Sequence
 from jaxchat.engine.step import RowInput
 from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
@@ -54,6 +61,7 @@ Emit = Callable[[GenerationOutput], None]
 class PlannedRow(NamedTuple):
     seq: Sequence
     input: RowInput
+    epoch: int = 0  # the request's epoch when planned (a preemption since makes the row stale)
 
 
 class StepPlan(NamedTuple):
@@ -68,8 +76,10 @@ class StepPlan(NamedTuple):
 
 class Scheduler:
     def __init__(self, runner: Any, tokenizer: Any, eos_token_ids: tuple[int, ...] = (), jump_forward: bool = True,
-                 prefix_cache: bool = True, salt: bytes = b"") -> None:
+                 prefix_cache: bool = True, salt: bytes = b"", overlap: bool = False) -> None:
         self.runner = runner
+        self.overlap = overlap
+        self._inflight: StepPlan | None = None  # the sampled step whose tokens the host has not taken
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_token_ids)
         self.pool = PagePool(runner.num_pages, runner.page_size, prefix_cache and runner.prefix_reuse, salt)
@@ -104,7 +114,7 @@ class Scheduler:
             return len(self._inbox)
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._inbox or self._aborts)
+        return bool(self.running or self.waiting or self._inbox or self._aborts or self._inflight)
 
     @property
     def generated_tokens(self) -> int:
@@ -124,9 +134,21 @@ class Scheduler:
             self._apply_aborts(aborts)
         plan = self.schedule()
         if plan.rows:
-            out = self.runner.run([row.input for row in plan.rows])
-            self.complete(plan, out)
+            self.runner.launch([row.input for row in plan.rows])
+            self._launched(plan)
+        if self._inflight is not None:
+            previous, self._inflight = self._inflight, None
+            self.complete(previous)
+        if plan.rows:
+            plan = StepPlan([row._replace(input=self._sample_input(row)) for row in plan.rows])
+            self.runner.sample([row.input for row in plan.rows])
+            for row in plan.rows:
+                row.seq.inflight = row.input.samples
             self.steps += 1
+            if self.overlap:
+                self._inflight = plan
+            else:
+                self.complete(plan)
         self._sweep()
 
     def _take_inbox(self) -> bool:
@@ -148,6 +170,7 @@ class Scheduler:
     def fail_all(self, message: str) -> None:
         """End every running and waiting request with an error (a device step itself failed)."""
         self._take_inbox()
+        self._inflight = None
         for seq in [*self.running, *self.waiting]:
             self.tokens.finish(seq, "error", error=message)
         self.waiting.clear()
@@ -165,8 +188,8 @@ class Scheduler:
             used = sum(len(r.input.tokens) for r in rows)
             if seq.finished or seq.slot < 0 or used >= budget:
                 continue
-            take = min(len(seq.pending), budget - used)
-            if self._ensure_pages(seq, seq.computed + take, rows):
+            take = self._runnable(seq, budget - used)
+            if take and self._ensure_pages(seq, seq.computed + take, rows):
                 rows.append(self._row(seq, take))
         while self.waiting and self.free_slots:
             used = sum(len(r.input.tokens) for r in rows)
@@ -194,16 +217,50 @@ class Scheduler:
             return StepPlan([self._row(chunk, take)] if self._ensure_pages(chunk, chunk.computed + take, []) else [])
         rows: list[PlannedRow] = []
         for seq in live:
-            if self._ensure_pages(seq, seq.computed + 1, rows):
+            if self._runnable(seq, 1) and self._ensure_pages(seq, seq.computed + 1, rows):
                 rows.append(self._row(seq, 1))
         return StepPlan([row for row in rows if row.seq.slot >= 0])
 
+    def _runnable(self, seq: Sequence, room: int) -> int:
+        """How many tokens the request can run next (at most `room`): its pending ones, or its token still on the
+        device (fed) unless that token will end it."""
+        if seq.pending:
+            return min(len(seq.pending), room)
+        if not seq.inflight or seq.fed:
+            return 0
+        last = seq.generated + 1 >= seq.req.sampling.max_tokens or seq.position + 1 >= self.runner.max_context
+        return 0 if last else 1
+
     def _row(self, seq: Sequence, take: int) -> PlannedRow:
-        samples = take == len(seq.pending)
+        if not seq.pending:  # its sampled token, still on the device
+            return PlannedRow(seq, RowInput(
+                slot=seq.slot, tokens=[0], start=seq.computed, pages=list(seq.pages), fresh=seq.fresh,
+                prompt_len=len(seq.prompt), count_from=seq.computed + 1, samples=True, mask=None, sampling=(),
+                feed=True), seq.epoch)
         return PlannedRow(seq, RowInput(
             slot=seq.slot, tokens=seq.pending[:take], start=seq.computed, pages=list(seq.pages), fresh=seq.fresh,
-            prompt_len=len(seq.prompt), count_from=seq.count_from, samples=samples, mask=seq.mask,
-            sampling=(*seq.sampling[:8], seq.generated, seq.sampling[8])))
+            prompt_len=len(seq.prompt), count_from=seq.count_from, samples=take == len(seq.pending), mask=None,
+            sampling=()), seq.epoch)
+
+    def _launched(self, plan: StepPlan) -> None:
+        """The step's forward is on its way: each row's tokens count as computed."""
+        for seq, row, _ in plan.rows:
+            seq.computed += len(row.tokens)
+            if row.feed:
+                seq.fed = True
+            else:
+                seq.pending = seq.pending[len(row.tokens):]
+            seq.fresh = False
+        self._key_pages(plan)
+
+    def _sample_input(self, planned: PlannedRow) -> RowInput:
+        """A launched row as its sampler sees it now: whether it still samples (not finished, preempted, or sent
+        to run forced text first), its mask and its sampling values."""
+        seq, row, epoch = planned
+        samples = row.samples and not seq.finished and seq.epoch == epoch and not seq.pending
+        mask = seq.mask if samples and seq.req.constraint is not None else None
+        values = (*seq.sampling[:8], seq.generated, seq.sampling[8]) if seq.sampling else row.sampling
+        return row._replace(samples=samples, mask=mask, sampling=values or _NEUTRAL)
 
     def _ensure_pages(self, seq: Sequence, upto: int, rows: list[PlannedRow]) -> bool:
         """Extend the row's pages to cover positions < upto, preempting the newest requests while none can be had.
@@ -230,6 +287,8 @@ class Scheduler:
         self.running.remove(seq)
         seq.pages, seq.keyed, seq.slot = [], None, -1
         seq.computed, seq.pending, seq.fresh = 0, [], True
+        seq.inflight = seq.fed = False
+        seq.epoch += 1
         seq.preempted += 1
         self.preemptions += 1
         self.waiting.appendleft(seq)
@@ -292,19 +351,33 @@ class Scheduler:
         return True
 
     # ---- after the step ------------------------------------------------------------------------------------
-    def complete(self, plan: StepPlan, out: SampleOut) -> None:
-        """Advance each row by what it ran, key its newly full pages, and take its sampled token."""
+    def complete(self, plan: StepPlan) -> None:
+        """Take each sampling row's token (waiting for the step's sampler), then key the rows' newly full pages."""
+        taking = [(i, row) for i, row in enumerate(plan.rows) if row.input.samples]
+        if taking:
+            out = self.runner.fetch(logprobs=any(row.seq.req.sampling.logprobs is not None for _, row in taking))
+            rows = []
+            for i, (seq, _, epoch) in taking:
+                if seq.epoch != epoch or not seq.inflight:
+                    continue
+                seq.inflight = False
+                if not seq.finished:
+                    rows.append((seq, out, i))
+            self.tokens.take_all(rows)
+        self._key_pages(plan)
+
+    def _key_pages(self, plan: StepPlan) -> None:
+        """Key the rows' full pages whose tokens are known (their K/V is written by a step already dispatched: a
+        later step that maps them runs after it)."""
+        if not self.pool.prefix_caching:
+            return
         ps = self.pool.page_size
-        for i, (seq, row) in enumerate(plan.rows):
-            if seq.finished or seq.slot != row.slot:
+        for seq, _, epoch in plan.rows:
+            if seq.finished or seq.epoch != epoch:
                 continue
-            seq.computed += len(row.tokens)
-            seq.pending = seq.pending[len(row.tokens):]
-            seq.fresh = False
-            if self.pool.prefix_caching and seq.computed // ps > (seq.keyed or (0,))[0]:
-                seq.keyed = self.pool.register(seq.pages, seq.tokens[:seq.computed], seq.keyed)
-            if row.samples:
-                self.tokens.take(seq, out, i)
+            known = min(seq.computed, len(seq.prompt) + len(seq.out_ids))
+            if known // ps > (seq.keyed or (0,))[0]:
+                seq.keyed = self.pool.register(seq.pages, seq.tokens[:known], seq.keyed)
 
     def _sweep(self) -> None:
         """Free the slots and pages of finished requests."""
@@ -316,6 +389,9 @@ class Scheduler:
             seq.pages, seq.slot = [], -1
         if any(seq.finished for seq in self.waiting):
             self.waiting = collections.deque(seq for seq in self.waiting if not seq.finished)
+
+
+_NEUTRAL = (0.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0, 0, 0, False)  # a row with no sampling values (never samples)
 
 
 def sampling_values(req: GenerationRequest) -> tuple:

@@ -5,7 +5,8 @@ its callback, its stop ids, detokeniser and stop matcher; its slot (-1: none) an
 tokens (prompt, then outputs) have K/V in those pages (`computed`), the tokens its next step runs
 (`pending`: the prompt's rest, or the last sampled token and the forced text after it), the grammar mask
 of its next sampled token, its sampling values, and its counters. Its full token sequence is
-`prompt + out_ids`; `position` is the position of its newest token.
+`prompt + out_ids`; `position` is the position of its newest token. In the overlapped loop a sampled token
+may still be on the device (`inflight`), and may already run in the next step (`fed`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Sequence:
     preempted: int = 0  # times its pages were taken back
     out_ids: list[int] = dataclasses.field(default_factory=list)
     planned: list[int] = dataclasses.field(default_factory=list)  # forced tokens to take one per step (no jumping)
+    inflight: bool = False  # a token sampled for it is on the device, not taken yet
+    fed: bool = False  # that token already runs in a launched step (fed from the device), so it is not pending
+    epoch: int = 0  # bumped by a preemption: a step planned before it no longer speaks for this request
 
     @property
     def prompt(self) -> list[int]:

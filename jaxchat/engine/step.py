@@ -7,15 +7,26 @@ Contract:
   `page_size` tokens).
 - Device state (`DeviceState`, donated into every program): the KV pool (`num_pages` pages; page 0 is never
   handed out: padding reads it), per-slot generated-token counts int32[slots, V] and prompt-token masks
-  bool[slots, V] (the penalties), slots = max_batch (a request holds one slot from admission to its end; a
-  model's recurrent state lives per slot too).
+  bool[slots, V] (the penalties), and each slot's last sampled token int32[slots]; slots = max_batch (a request
+  holds one slot from admission to its end; a model's recurrent state lives per slot too).
 - `run(rows)` runs one step: rows[i] is a `RowInput` (its slot, the tokens it runs from position `start` on,
   its page table covering them, whether its counts and prompt mask restart, which positions are prompt and
-  which are counted outputs, whether it samples, its bitmask row and sampling values). Every row's tokens are
+  which are counted outputs, whether it samples, its bitmask row (None: unconstrained) and sampling values,
+  and `feed`: its first token is the one last sampled in its slot, still on the device). Every row's tokens are
   one flat batch; each token's K/V is written into its row's pages, attention reads each row's pages up to its
   own length (`forward_step`), then each row's last token's logits are masked and sampled (`sample_step`,
   `sampler`). Returns host `SampleOut` arrays with one row per input row (a row that does not sample: ignore
   its token).
+- The same step in three calls, so the host can work while the device runs (the engine's overlapped loop):
+  `launch(rows)` dispatches the forward (its logits stay on the device), `sample(rows)` dispatches the sampler
+  over the last launch's logits (the rows' masks, sampling values and `samples` read now: they may have
+  changed since the launch), `fetch(logprobs)` waits for the last sample and returns its host arrays (the
+  logprob arrays only when asked: zeros otherwise). A row fed from the device must have sampled in its slot in
+  an earlier `sample` call. `run(rows)` is the three in a row.
+- Host inputs travel packed: a forward takes one int32 array (every per-token and per-row input, unpacked by
+  static slices inside the program), a sampler one int32 and one float32 array and the bitmask; a step in
+  which no row has a mask passes an all-ones bitmask kept on the device (no mask is transferred;
+  `mask_transfers` counts the steps that sent one).
 - Programs, all compiled by `warmup()` (lowered for exactly the arguments a call passes; after it no call
   compiles): forwards ("decode", R) where every row runs one token (T = R, R in `decode_rows`) and
   ("ragged", T, R) for any other step (T in `token_buckets`, R in `ragged_rows`, R <= T), and one sampler
@@ -30,8 +41,9 @@ Contract:
   the next ones. Those runs write nothing (no slot, no page).
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
   runs the same programs, see `step_link`, and reads the replicated outputs locally); pool arrays are sharded
-  over the mesh axis "tp" on their kv-head (or state channel) axis when it divides, everything else is
-  replicated.
+  over the mesh axis "tp" on their kv-head (or state channel) axis when it divides, else a KV pool on its page
+  axis (more devices than kv heads: each device holds num_pages / devices pages; the engine makes the page
+  count divide); everything else is replicated.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ class DeviceState(NamedTuple):
     pools: Any  # the model's pools (`StepModel.new_pools`)
     counts: jax.Array  # i32[slots, V]
     prompt_mask: jax.Array  # bool[slots, V]
+    last_tokens: jax.Array  # i32[slots]: the token each slot sampled last (what a `feed` row runs)
 
 
 class RowInput(NamedTuple):
@@ -73,12 +86,13 @@ class RowInput(NamedTuple):
     prompt_len: int  # tokens at positions < prompt_len are prompt tokens (the prompt mask)
     count_from: int  # tokens at positions >= count_from are outputs (counted for the penalties)
     samples: bool  # the token sampled after its last token is the row's next one (counted)
-    mask: np.ndarray  # int32[W], the bitmask of its next token
+    mask: np.ndarray | None  # int32[W], the bitmask of its next token (None: every token allowed)
     sampling: tuple  # one value per `SamplingArrays` field
+    feed: bool = False  # tokens[0] is the token last sampled in its slot (still on the device); its value ignored
 
 
 class StepArgs(NamedTuple):
-    """A forward program's host arguments besides params and state."""
+    """A forward program's host arguments besides params and state (packed into one int32 array to travel)."""
 
     tokens: np.ndarray
     step: StepInputs
@@ -86,6 +100,7 @@ class StepArgs(NamedTuple):
     fresh: np.ndarray
     prompt_len: np.ndarray
     count_from: np.ndarray
+    feed: np.ndarray  # bool[T]: the token is its slot's last sampled one (device), not tokens[t]
 
 
 class SampleArgs(NamedTuple):
@@ -93,8 +108,60 @@ class SampleArgs(NamedTuple):
 
     slots: np.ndarray  # i32[R]: each row's slot (padding rows: the slot count, written nowhere)
     samples: np.ndarray  # bool[R]: the row's sampled token is its next one (counted)
-    bitmask: np.ndarray
+    bitmask: np.ndarray | None  # i32[R, W]; None: no row has a mask (the device's all-ones one is used)
     sampling: SamplingArrays
+
+
+def _step_fields(t: int, r: int, p: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The int32 fields of a packed forward input, in order, with their shapes."""
+    return (("tokens", (t,)), ("positions", (t,)), ("token_rows", (t,)), ("write_slots", (t,)), ("feed", (t,)),
+            ("cu_q_lens", (r + 1,)), ("kv_lens", (r,)), ("state_slots", (r,)), ("logits_index", (r,)),
+            ("fresh", (r,)), ("prompt_len", (r,)), ("count_from", (r,)), ("num_rows", (1,)), ("page_tables", (r, p)))
+
+
+_BOOL_FIELDS = ("feed", "fresh")
+
+
+def pack_step(args: StepArgs) -> np.ndarray:
+    """A forward's host inputs as one int32 array (`unpack_step` reads it back inside the program)."""
+    values = {**args._asdict(), **args.step._asdict()}
+    t, (r, p) = args.tokens.shape[0], args.step.page_tables.shape
+    return np.concatenate([np.asarray(values[name], np.int32).reshape(-1) for name, _ in _step_fields(t, r, p)])
+
+
+def unpack_step(ints, t: int, r: int, p: int) -> StepArgs:
+    """`pack_step` undone (static slices: works on a traced array)."""
+    out, at = {}, 0
+    for name, shape in _step_fields(t, r, p):
+        n = int(np.prod(shape))
+        value = ints[at:at + n].reshape(shape)
+        out[name] = value != 0 if name in _BOOL_FIELDS else value
+        at += n
+    step = StepInputs(*(out[f] for f in StepInputs._fields))
+    return StepArgs(out["tokens"], step, out["logits_index"], out["fresh"], out["prompt_len"], out["count_from"],
+                    out["feed"])
+
+
+_SAMPLE_INTS = ("top_k", "seed", "step", "logprobs")
+_SAMPLE_FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
+
+
+def pack_sample(args: SampleArgs) -> tuple[np.ndarray, np.ndarray]:
+    """A sampler's host inputs but the bitmask as one int32 and one float32 array (`unpack_sample`)."""
+    sp = args.sampling
+    ints = [np.asarray(args.slots, np.int32), np.asarray(args.samples, np.int32)]
+    ints += [np.asarray(getattr(sp, f)).astype(np.uint32 if f == "seed" else np.int32).view(np.int32)
+             for f in _SAMPLE_INTS]
+    return np.concatenate(ints), np.concatenate([np.asarray(getattr(sp, f), np.float32) for f in _SAMPLE_FLOATS])
+
+
+def unpack_sample(ints, floats, r: int) -> tuple[jax.Array, jax.Array, SamplingArrays]:
+    """(slots, samples, sampling arrays) from `pack_sample`'s arrays (static slices)."""
+    col = {name: ints[(2 + i) * r:(3 + i) * r] for i, name in enumerate(_SAMPLE_INTS)}
+    col["seed"] = jax.lax.bitcast_convert_type(col["seed"], jnp.uint32)
+    col["logprobs"] = col["logprobs"] != 0
+    col.update({name: floats[i * r:(i + 1) * r] for i, name in enumerate(_SAMPLE_FLOATS)})
+    return ints[:r], ints[r:2 * r] != 0, SamplingArrays(**col)
 
 
 def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
@@ -138,42 +205,48 @@ def split_vocab_major_head(params) -> tuple[Any, jax.Array | None]:
     return params, None
 
 
-def forward_step(params, state: DeviceState, args: StepArgs, *, forward: Callable,
-                 uniform: tuple[int, int] | None) -> tuple[DeviceState, jax.Array]:
+def forward_step(params, state: DeviceState, ints, *, forward: Callable, uniform: tuple[int, int] | None,
+                 shape: tuple[int, int, int]) -> tuple[DeviceState, jax.Array]:
     """A step's forward as one XLA program: the model over the flat batch (writing its K/V into the pool), the
     rows' logits at their last tokens, and the penalty state of the tokens it ran (a fresh row's counts and
-    prompt mask restart; prompt positions join the prompt mask, counted positions the counts). Pure;
-    `StepRunner` jits it with the state donated."""
+    prompt mask restart; prompt positions join the prompt mask, counted positions the counts). `ints` is
+    `pack_step`'s array for `shape` (T, R, pages per row). Pure; `StepRunner` jits it with the state donated."""
+    args = unpack_step(ints, *shape)
     params, head_vd = split_vocab_major_head(params)
     r = args.logits_index.shape[0]
     extra = {"head_vd": head_vd} if head_vd is not None and r > 1 else {}
     step = args.step
-    logits, pools = forward(params, args.tokens, state.pools, step, uniform=uniform, logits_index=args.logits_index,
-                            **extra)
     slots_n = state.counts.shape[0]
+    rows, pos = step.token_rows, step.positions
+    slot = jnp.take(step.state_slots, rows)
+    tokens = jnp.where(args.feed, jnp.take(state.last_tokens, slot, mode="clip"), args.tokens)
+    logits, pools = forward(params, tokens, state.pools, step, uniform=uniform, logits_index=args.logits_index,
+                            **extra)
     live = jnp.arange(r, dtype=jnp.int32) < step.num_rows[0]
     fresh = jnp.where(live & args.fresh, step.state_slots, slots_n)
     counts = state.counts.at[fresh].set(0, mode="drop")
     pmask = state.prompt_mask.at[fresh].set(False, mode="drop")
-    rows, pos = step.token_rows, step.positions
-    slot = jnp.take(step.state_slots, rows)
     prompt = (pos >= 0) & (pos < args.prompt_len[rows])
     counted = (pos >= 0) & (pos >= args.count_from[rows])
-    pmask = pmask.at[jnp.where(prompt, slot, slots_n), args.tokens].set(True, mode="drop")
-    counts = counts.at[jnp.where(counted, slot, slots_n), args.tokens].add(1, mode="drop")
-    return DeviceState(pools, counts, pmask), logits
+    pmask = pmask.at[jnp.where(prompt, slot, slots_n), tokens].set(True, mode="drop")
+    counts = counts.at[jnp.where(counted, slot, slots_n), tokens].add(1, mode="drop")
+    return DeviceState(pools, counts, pmask, state.last_tokens), logits
 
 
-def sample_step(state: DeviceState, logits, args: SampleArgs, *, valid_vocab: int) -> tuple[DeviceState, SampleOut]:
+def sample_step(state: DeviceState, logits, ints, floats, bitmask, *, valid_vocab: int
+                ) -> tuple[DeviceState, SampleOut]:
     """Sample every row's next token from its logits (`sampler.sample`: mask, penalties from its slot's counts
-    and prompt mask, temperature, truncation, seeded draw) and count it where the row samples. Pure; jitted
-    per row bucket with the state donated."""
+    and prompt mask, temperature, truncation, seeded draw); where the row samples, count the token and keep it
+    as its slot's last token. `ints`, `floats`: `pack_sample`'s arrays. Pure; jitted per row bucket with the
+    state donated."""
+    slots, samples, sampling = unpack_sample(ints, floats, logits.shape[0])
     slots_n = state.counts.shape[0]
-    counts = jnp.take(state.counts, args.slots, axis=0, mode="clip")
-    pmask = jnp.take(state.prompt_mask, args.slots, axis=0, mode="clip")
-    out = sample(logits, args.bitmask, counts, pmask, args.sampling, valid_vocab)
-    counted = jnp.where(args.samples & (args.slots < slots_n), args.slots, slots_n)
-    return state._replace(counts=state.counts.at[counted, out.tokens].add(1, mode="drop")), out
+    counts = jnp.take(state.counts, slots, axis=0, mode="clip")
+    pmask = jnp.take(state.prompt_mask, slots, axis=0, mode="clip")
+    out = sample(logits, bitmask, counts, pmask, sampling, valid_vocab)
+    counted = jnp.where(samples & (slots < slots_n), slots, slots_n)
+    return state._replace(counts=state.counts.at[counted, out.tokens].add(1, mode="drop"),
+                          last_tokens=state.last_tokens.at[counted].set(out.tokens, mode="drop")), out
 
 
 class StepRunner:
@@ -204,28 +277,38 @@ class StepRunner:
         n_dev = mesh.devices.size
 
         def pool_sharding(x) -> NamedSharding:
-            if x.ndim <= head_axis or x.shape[head_axis] % n_dev:
+            if x.ndim > head_axis and x.shape[head_axis] % n_dev == 0:
+                axis = head_axis  # kv heads (or state channels)
+            elif n_dev > 1 and x.ndim > head_axis and x.shape[head_axis - 1] == num_pages and num_pages % n_dev == 0:
+                axis = head_axis - 1  # more devices than kv heads: the pages
+            else:
                 return rep
-            return NamedSharding(mesh, P(*("tp" if a == head_axis else None for a in range(x.ndim))))
+            return NamedSharding(mesh, P(*("tp" if a == axis else None for a in range(x.ndim))))
 
-        state_sh = DeviceState(jax.tree.map(pool_sharding, pools), rep, rep)
+        state_sh = DeviceState(jax.tree.map(pool_sharding, pools), rep, rep, rep)
         param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
         self.params = jax.device_put(params, param_sh)
         b, v = max_batch, vocab_size
-        self.state = jax.device_put(DeviceState(pools, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_)),
-                                    state_sh)
+        self.state = jax.device_put(DeviceState(pools, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_),
+                                                jnp.zeros((b,), jnp.int32)), state_sh)
+        self._rep = rep
         forward = functools.partial(model.forward, backend=backend)
         self._programs: dict[tuple, Any] = {}
         for key in self.program_keys():
             if key[0] == "sample":
                 fn = functools.partial(sample_step, valid_vocab=valid_vocab)
-                self._programs[key] = jax.jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep),
+                self._programs[key] = jax.jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
                                               out_shardings=(state_sh, rep))
                 continue
             uniform = (key[1], 1) if key[0] == "decode" else (1, key[1]) if key[2] == 1 else None
-            fn = functools.partial(forward_step, forward=forward, uniform=uniform)
+            fn = functools.partial(forward_step, forward=forward, uniform=uniform, shape=self._shape(key))
             self._programs[key] = jax.jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
                                           out_shardings=(state_sh, rep))
+        self._ones: dict[int, jax.Array] = {}  # the all-ones bitmask of each row count, on the device
+        self._launched: tuple[tuple, int] | None = None  # the last launch's program key and row count
+        self._logits: jax.Array | None = None
+        self._out: tuple[SampleOut, int] | None = None  # the last sample's device outputs and row count
+        self.mask_transfers = 0  # samples that sent a bitmask from the host
 
     # ---- shapes ---------------------------------------------------------------------------------------
     def program_keys(self) -> list[tuple]:
@@ -250,22 +333,29 @@ class StepRunner:
                         return "ragged", t, r
         return None
 
+    def _shape(self, key: tuple) -> tuple[int, int, int]:
+        """(tokens, rows, pages per row) of a forward program."""
+        t, r = (key[1], key[1]) if key[0] == "decode" else (key[1], key[2])
+        return t, r, self.pages_per_row
+
     # ---- host packing ---------------------------------------------------------------------------------
     def pack(self, key: tuple, rows: Sequence[RowInput]) -> tuple[StepArgs, SampleArgs]:
         """The forward's and the sampler's arguments for `rows` (every array padded to the program's shape)."""
-        t, r = (key[1], key[1]) if key[0] == "decode" else (key[1], key[2])
+        return self.pack_forward(key, rows), self.pack_sample(key, rows)
+
+    def pack_forward(self, key: tuple, rows: Sequence[RowInput]) -> StepArgs:
+        t, r, width = self._shape(key)
         n = sum(len(row.tokens) for row in rows)
         if len(rows) > r or n > t:
             raise ValueError(f"{len(rows)} rows of {n} tokens do not fit the step program {key}")
-        ps, width = self.page_size, self.pages_per_row
+        ps = self.page_size
         tokens, positions = np.zeros(t, np.int32), np.full(t, -1, np.int32)
         token_rows, write_slots = np.zeros(t, np.int32), np.full(t, -1, np.int32)
+        feed = np.zeros(t, np.bool_)
         cu, kv_lens = np.zeros(r + 1, np.int32), np.zeros(r, np.int32)
         tables, state_slots = np.zeros((r, width), np.int32), np.full(r, self.max_batch, np.int32)
         index, fresh = np.zeros(r, np.int32), np.zeros(r, np.bool_)
-        prompt_len, count_from, samples = np.zeros(r, np.int32), np.zeros(r, np.int32), np.zeros(r, np.bool_)
-        bitmask = np.full((r, self.mask_words), -1, np.int32)
-        sp = SamplingArrays.numpy(r)
+        prompt_len, count_from = np.zeros(r, np.int32), np.zeros(r, np.int32)
         at = 0
         for i, row in enumerate(rows):
             k, end = len(row.tokens), row.start + len(row.tokens)
@@ -275,35 +365,85 @@ class StepRunner:
             span = slice(at, at + k)
             tokens[span], positions[span] = row.tokens, np.arange(row.start, end, dtype=np.int32)
             token_rows[span] = i
+            feed[at] = row.feed
             table = np.asarray(row.pages, np.int32)
             write_slots[span] = table[positions[span] // ps] * ps + positions[span] % ps
             tables[i, :len(table)] = table
             at += k
             cu[i + 1:] = at
             kv_lens[i], state_slots[i], index[i], fresh[i] = end, row.slot, at - 1, row.fresh
-            prompt_len[i], count_from[i], samples[i] = row.prompt_len, row.count_from, row.samples
-            bitmask[i] = row.mask
-            for full, value in zip(sp, row.sampling, strict=True):
-                full[i] = value
+            prompt_len[i], count_from[i] = row.prompt_len, row.count_from
         step = StepInputs(positions, token_rows, cu, kv_lens, tables, write_slots, state_slots,
                           np.asarray([len(rows)], np.int32))
-        return (StepArgs(tokens, step, index, fresh, prompt_len, count_from),
-                SampleArgs(state_slots, samples, bitmask, sp))
+        return StepArgs(tokens, step, index, fresh, prompt_len, count_from, feed)
+
+    def pack_sample(self, key: tuple, rows: Sequence[RowInput]) -> SampleArgs:
+        r = rows_of(key)
+        slots, samples = np.full(r, self.max_batch, np.int32), np.zeros(r, np.bool_)
+        masked = any(row.mask is not None for row in rows)
+        bitmask = np.full((r, self.mask_words), -1, np.int32) if masked else None
+        sp = SamplingArrays.numpy(r)
+        for i, row in enumerate(rows):
+            slots[i], samples[i] = row.slot, row.samples
+            if masked and row.mask is not None:
+                bitmask[i] = row.mask
+            for full, value in zip(sp, row.sampling, strict=True):
+                full[i] = value
+        return SampleArgs(slots, samples, bitmask, sp)
 
     # ---- running ---------------------------------------------------------------------------------------
     def run(self, rows: Sequence[RowInput]) -> SampleOut:
         """Run one step over `rows`; host outputs, one row per input row."""
+        self.launch(rows)
+        self.sample(rows)
+        return self.fetch(logprobs=any(bool(row.sampling[-1]) for row in rows))
+
+    def launch(self, rows: Sequence[RowInput]) -> tuple:
+        """Dispatch the forward of a step over `rows` (not waiting for it); returns its program key."""
         key = self.shape_for(len(rows), sum(len(row.tokens) for row in rows))
         if key is None:
             raise ValueError(f"no step program takes {len(rows)} rows of {sum(len(r.tokens) for r in rows)} tokens")
-        out = self._run(key, self.pack(key, rows))
-        return SampleOut(*(x[:len(rows)] for x in out))
+        self._forward(key, self.pack_forward(key, rows))
+        self._launched = (key, len(rows))
+        return key
 
-    def _run(self, key: tuple, args: tuple[StepArgs, SampleArgs]) -> SampleOut:
-        forward_args, sample_args = args
-        self.state, logits = self._program(key)(self.params, self.state, forward_args)
-        self.state, out = self._program(("sample", rows_of(key)))(self.state, logits, sample_args)
-        return SampleOut(*(np.asarray(x) for x in out))
+    def sample(self, rows: Sequence[RowInput]) -> None:
+        """Dispatch the sampler over the last launch's logits (`rows`: that launch's rows, as they are now)."""
+        if self._launched is None:
+            raise RuntimeError("sample() without a launch() before it")
+        key, n = self._launched
+        if len(rows) != n:
+            raise ValueError(f"{len(rows)} rows to sample after a launch of {n}")
+        self._sample(rows_of(key), self.pack_sample(key, rows), n)
+        self._launched = None
+
+    def fetch(self, logprobs: bool = False) -> SampleOut:
+        """The last sample's outputs on the host, one row per row (waits for it); `logprobs` False: the logprob
+        arrays are zeros (not transferred)."""
+        if self._out is None:
+            raise RuntimeError("fetch() without a sample() before it")
+        out, n = self._out
+        tokens = np.asarray(out.tokens)[:n]
+        if logprobs:
+            return SampleOut(tokens, *(np.asarray(x)[:n] for x in out[1:]))
+        return SampleOut(tokens, np.zeros(n, np.float32), np.zeros((n, *out.top_ids.shape[1:]), np.int32),
+                         np.zeros((n, *out.top_logprobs.shape[1:]), np.float32))
+
+    def _forward(self, key: tuple, args: StepArgs) -> None:
+        self.state, self._logits = self._program(key)(self.params, self.state, pack_step(args))
+
+    def _sample(self, r: int, args: SampleArgs, n: int = 0) -> None:
+        ints, floats = pack_sample(args)
+        if args.bitmask is None:
+            bitmask = self._ones.get(r)
+            if bitmask is None:
+                bitmask = self._ones[r] = jax.device_put(np.full((r, self.mask_words), -1, np.int32), self._rep)
+        else:
+            bitmask = args.bitmask
+            self.mask_transfers += 1
+        self.state, out = self._program(("sample", r))(self.state, self._logits, ints, floats, bitmask)
+        self._logits = None
+        self._out = (out, n)
 
     def _program(self, key: tuple):
         return self._compiled.get(key) or self._programs[key]
@@ -311,10 +451,10 @@ class StepRunner:
     def _example(self, key: tuple) -> tuple:
         """The arguments a call of program `key` passes (for lowering)."""
         if key[0] != "sample":
-            return self.params, self.state, self.pack(key, [])[0]
-        step_key = next(k for k in self.program_keys() if k[0] != "sample" and rows_of(k) == key[1])
+            return self.params, self.state, pack_step(self.pack_forward(key, []))
         logits = jax.ShapeDtypeStruct((key[1], self.vocab_size), jnp.float32)
-        return self.state, logits, self.pack(step_key, [])[1]
+        ints, floats = pack_sample(self.pack_sample(key, []))
+        return self.state, logits, ints, floats, np.full((key[1], self.mask_words), -1, np.int32)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True) -> None:
         """Compile every program ahead of time (lowered for exactly the arguments `run` passes, then jit reuses
@@ -335,15 +475,17 @@ class StepRunner:
         if prime and jax.process_count() == 1:
             for key in keys:
                 if key[0] != "sample" and key[1] <= PRIME_TOKENS:
-                    self._run(key, self.pack(key, []))
+                    self._forward(key, self.pack_forward(key, []))
+                    self._sample(rows_of(key), self.pack_sample(key, []))
             jax.block_until_ready(self.state)
+            self._out = None
 
     def release(self) -> None:
         """Drop the device state and compiled programs (the engine is being closed)."""
         self._compiled.clear()
         self._programs.clear()
-        self.state = None
-        self.params = None
+        self._ones.clear()
+        self.state = self.params = self._logits = self._out = None
 
 
 def uniform_inputs(batch: int, length: int, page_size: int, start: int = 0, context: int | None = None) -> StepInputs:

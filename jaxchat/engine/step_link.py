@@ -2,7 +2,7 @@
 
 JAX's multi-controller runtime needs every process to run the same programs on the same global arrays in the
 same order. Process 0 (the leader) owns the scheduler, grammar matchers and parser; each step call it makes
-on its `StepRunner` (`run`: the only call that runs device programs after warm-up) is first sent, with its
+on its `StepRunner` (`launch`, `sample` and `run`: the calls that run device programs after warm-up) is first sent, with its
 host arguments, to every follower, which makes the same call on its own runner. The programs' outputs are replicated, so every process computes the same tokens; only the leader
 reads them.
 
@@ -44,7 +44,7 @@ from jaxchat.engine import cluster
 
 log = logging.getLogger(__name__)
 
-STEP_CALLS = ("run",)
+STEP_CALLS = ("run", "launch", "sample")
 LINK_KEY = "jaxchat/step_link"
 HEARTBEAT_S = 1.0
 LOST_AFTER_S = 10.0
@@ -270,6 +270,12 @@ class BroadcastRunner:
 
     def run(self, *args, **kwargs):
         return self._step("run", *args, **kwargs)
+
+    def launch(self, *args, **kwargs):
+        return self._step("launch", *args, **kwargs)
+
+    def sample(self, *args, **kwargs):
+        return self._step("sample", *args, **kwargs)
 
 
 def follow(runner, link: FollowerLink) -> None:

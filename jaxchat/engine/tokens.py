@@ -5,8 +5,8 @@ Contract (`TokenHandler(tokenizer, max_context, max_jump=MAX_JUMP, jump_forward=
   constraint (`accept`), the stop ids, the detokeniser and stop strings, `is_terminated()`, `max_tokens` and
   the context; it is emitted as a `GenerationOutput` delta (with its logprobs when asked), or the request is
   finished. Otherwise the next mask is filled and the request's next step is set up: `pending` = [token,
-  *forced] (jump-forward: the text the grammar forces after it, taken without sampling), `count_from` = the
-  position after the sampled token.
+  *forced] (jump-forward: the text the grammar forces after it, taken without sampling; the token left out
+  when it already runs, fed from the device: `seq.fed`), `count_from` = the position after the sampled token.
 - `start(seq)`: at admission (after the prompt, or a recompute after a preemption): text the grammar forces
   first joins the pending tokens (not after a recompute: it was taken before).
 - Jump-forward (`jump_forward`, for constraints with `forced_text`, requests without logprobs): the forced
@@ -41,8 +41,29 @@ class TokenHandler:
         self.generated_tokens = 0
         self.forced_tokens = 0
 
-    # ---- a sampled token --------------------------------------------------------------------------------
+    # ---- sampled tokens --------------------------------------------------------------------------------
     def take(self, seq: Sequence, out: SampleOut, i: int) -> None:
+        """Row i of `out` is the request's next token (`take_all` of one)."""
+        self.take_all([(seq, out, i)])
+
+    def take_all(self, rows: list[tuple[Sequence, SampleOut, int]]) -> None:
+        """Each (request, out, i): row i of `out` is the request's next token. Every token is accepted and checked
+        first, then the next masks of all the requests that go on are filled in one batch (`fill_masks`), then
+        each request's next step is set up (jump-forward, planned tokens)."""
+        going_on = [taken for seq, out, i in rows if (taken := self._take_token(seq, out, i)) is not None]
+        fill_masks([seq for seq, _, _ in going_on if seq.req.constraint is not None], self.finish)
+        for seq, tok, was_planned in going_on:
+            if seq.finished:
+                continue
+            seq.pending, seq.count_from = ([] if seq.fed else [tok]), seq.position + 1
+            seq.fed = False
+            forced = self.jump(seq, tok)
+            seq.pending += forced
+            if not forced and not seq.finished:
+                self.pin(seq, tok, plan=not was_planned)  # after a planned run the model samples the next token
+
+    def _take_token(self, seq: Sequence, out: SampleOut, i: int) -> tuple[Sequence, int, bool] | None:
+        """Accept, check and emit one sampled token (the mask not filled yet); None when it ended the request."""
         tok = int(out.tokens[i])
         s = seq.req.sampling
         was_planned = bool(seq.planned) and seq.planned[0] == tok
@@ -56,21 +77,17 @@ class TokenHandler:
             top = [(int(t), float(v)) for t, v in zip(out.top_ids[i, :k], out.top_logprobs[i, :k], strict=True)]
             lps = [TokenLogprob(tok, float(out.logprob[i]), top)]
         try:
-            text, reason, stop_reason = self.advance(seq, tok)
+            text, reason, stop_reason = self.advance(seq, tok, fill=False)
         except Exception as e:  # noqa: BLE001 - reported on the request, others continue
             self.finish(seq, "error", error=f"{type(e).__name__}: {e}", token_ids=[tok])
-            return
+            return None
         if reason is not None:
             self.finish(seq, reason, stop_reason=stop_reason, text=text, token_ids=[tok], logprobs=lps)
-            return
+            return None
         seq.emit(GenerationOutput(seq.req.request_id, [tok], text, logprobs=lps,
                                   num_prompt_tokens=len(seq.prompt), num_generated_tokens=seq.generated,
                                   num_cached_tokens=seq.cached))
-        seq.pending, seq.count_from = [tok], seq.position + 1
-        forced = self.jump(seq, tok)
-        seq.pending += forced
-        if not forced and not seq.finished:
-            self.pin(seq, tok, plan=not was_planned)  # after a planned run the model samples the next token
+        return seq, tok, was_planned
 
     def start(self, seq: Sequence, recompute: bool) -> None:
         """Set up an admitted request's first step: its pending tokens from `computed` on (and, for a new
@@ -187,3 +204,26 @@ class TokenHandler:
             stop_reason=stop_reason, error=error, logprobs=logprobs,
             num_prompt_tokens=len(seq.prompt), num_generated_tokens=seq.generated,
             num_cached_tokens=seq.cached))
+
+
+def fill_masks(seqs: list[Sequence], on_error) -> None:
+    """Fill the next mask of each request (`seq.mask`) from its constraint: constraints of a type that has a
+    `fill_masks(constraints, rows)` hook (`jaxchat.constrain`'s grammar constraints: one batched, threaded
+    xgrammar call) are filled together, the others one by one. A failure ends only the requests it concerns
+    (`on_error(seq, "error", error=...)`)."""
+    groups: dict[type, list[Sequence]] = {}
+    for seq in seqs:
+        groups.setdefault(type(seq.req.constraint), []).append(seq)
+    for kind, group in groups.items():
+        batch = getattr(kind, "fill_masks", None)
+        if batch is not None and len(group) > 1:
+            try:
+                batch([seq.req.constraint for seq in group], [seq.mask for seq in group])
+                continue
+            except Exception:  # noqa: BLE001 - fall back to one by one, so only the failing request ends
+                pass
+        for seq in group:
+            try:
+                seq.req.constraint.fill_mask(seq.mask)
+            except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+                on_error(seq, "error", error=f"{type(e).__name__}: {e}")

@@ -108,16 +108,17 @@ class LoadedModel:
         module = nnx.merge(self.graphdef, params)
         return module(*args, head_vd=head_vd)
 
-    def step_model(self, params, platform: str) -> StepModel:
+    def step_model(self, params, platform: str, layout: Layout | None = None) -> StepModel:
         """How the engine's step runner runs this model, with `params` (placed), on devices of `platform`.
 
         On "cpu" the layout is "unrolled": per-layer weight and pool buffers avoid XLA:CPU copying each
         layer's weights and pages out of the stacked arrays on every step, and a vocab-major head copy
         speeds up batched logits (`docs/benchmarks.md` has the numbers). Elsewhere the stacked layers are
-        scanned. The forward is `self.forward` with the layout bound (so a wrapper installed on
-        `model.forward` sees every step)."""
+        scanned; `layout` "unrolled" asks for per-layer buffers there too (an attention kernel that takes one
+        layer's pool as a buffer of its own). The forward is `self.forward` with the layout bound (so a wrapper
+        installed on `model.forward` sees every step)."""
         cpu = platform == "cpu"
-        layout: Layout = "unrolled" if cpu or not self.stacked else "stacked"
+        layout = layout or ("unrolled" if cpu or not self.stacked else "stacked")
         if layout == "unrolled" and self.stacked:
             params = unstack_layers(params)
         return StepModel(layout=layout, params=params, forward=functools.partial(self.forward, layout=layout),

@@ -90,3 +90,27 @@ def test_compiled_grammar_cache_is_bounded_lru(vocabs):
         assert len(keys) == 2 and '"v1"' not in "".join(keys) and engine.compile(tags[0]) is first
     finally:
         engine.cache_size = size
+
+
+def test_batched_fill_equals_one_by_one(qwen25):
+    """`GrammarConstraint.fill_masks` (one batched xgrammar call) writes, row for row, what `fill_mask` writes:
+    constraints in different states (fresh, inside a call's arguments, given up, a json_schema) and the marker
+    guard included."""
+    from jaxchat.constrain.constraint import GrammarConstraint
+
+    spec = chat_format_make("hermes_json")
+    engine = qwen25.engine
+    made = [engine.make(spec, make_request(mode), "") for mode in ("auto", "required", "required", "auto")]
+    made.append(engine.make(spec, make_request("auto", response_format="json_schema", tools=False), ""))
+    for t in qwen25.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'):
+        assert made[2].accept(t)
+    made[3].inject_rejection()
+    made[3].accept(qwen25.encode("Hi")[0])  # given up: all ones
+    words = engine.vocab_size // 32 + 1
+    one_by_one = np.zeros((len(made), words), np.int32)
+    for c, row in zip(made, one_by_one, strict=True):
+        c.fill_mask(row)
+    together = np.full((len(made), words), 7, np.int32)
+    GrammarConstraint.fill_masks(made, list(together))
+    assert np.array_equal(together, one_by_one)
+    assert len({row.tobytes() for row in one_by_one}) == len(made)  # every state a different mask

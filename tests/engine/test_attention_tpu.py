@@ -3,7 +3,7 @@
 Each step is built from per-row K/V arrays written into shuffled (non-consecutive) pages with `write_kv`; the
 expected output is a dense float64 attention computed from those arrays directly (causal over positions, optional
 window and soft cap, GQA by head groups), so a wrong interleave, slot, page table or mask shows up as a number
-mismatch. The kernel itself runs under TPU interpret mode through `pallas_interpret_shim` (jax 0.10.2's
+mismatch. The kernel itself runs under TPU interpret mode through `jaxchat.engine.pallas_interpret` (jax 0.10.2's
 interpreter cannot run it unpatched; `test_unpatched_interpreter_still_fails` says when that changes).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jaxchat.engine import attention_tpu as at
-from tests.engine.pallas_interpret_shim import interpret_ragged_kernel
+from jaxchat.engine.pallas_interpret import interpret_ragged_kernel
 
 
 @dataclass

@@ -24,15 +24,15 @@ def model(tmp_path_factory):
 def first_step_rows(engine, submit) -> list[int]:
     """Run `submit(on_output)` against a running engine; the row counts of the steps that admitted requests."""
     admitted: list[int] = []
-    run_step = engine.runner.run
+    launch = engine.runner.launch
 
     def recording(rows):
         fresh = sum(1 for r in rows if r.fresh)
         if fresh:
             admitted.append(fresh)
-        return run_step(rows)
+        return launch(rows)
 
-    engine.runner.run = recording
+    engine.runner.launch = recording
     finished: list[str] = []
     all_done = threading.Event()
 

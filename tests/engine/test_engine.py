@@ -181,12 +181,12 @@ def test_warmup_runs_the_small_programs_once_and_leaves_no_trace():
     shapes = {"max_batch": 4, "max_context": 128, "start": False, "warmup": False}
     primed, plain = Engine(FakeModel(TOK, eos=(EOS,)), **shapes), Engine(FakeModel(TOK, eos=(EOS,)), **shapes)
     runner, ran = primed.runner, []
-    run = runner._run
-    runner._run = lambda key, args: (ran.append(key), run(key, args))[1]
+    forward = runner._forward
+    runner._forward = lambda key, args: (ran.append(key), forward(key, args))[1]
     try:
         runner.warmup(prime=True)
     finally:
-        del runner._run
+        del runner._forward
     plain.runner.warmup(prime=False)
     decodes = {key for key in runner._compiled if key[0] == "decode"}
     ragged = {key for key in runner._compiled if key[0] == "ragged"}

@@ -171,24 +171,25 @@ def test_a_forced_span_is_taken_in_one_step(engines):
 
 
 def test_forced_tokens_ride_beside_the_other_rows_decode(engines):
-    """A row's sampled token and the forced text after it run in the same step as the other row's decode token:
-    one ragged step of both rows, no program of the jumping row's own."""
+    """The forced text after a row's sampled token runs in the same step as the other row's decode token: one
+    ragged step of both rows, no program of the jumping row's own. (The overlapped loop has already fed the
+    sampled token into the step after it, so the forced tokens x, y come one step later, as a row of two.)"""
     on, _ = engines
     runner = on.runner
     shapes = []
-    run_step = runner.run
+    launch = runner.launch
 
     def recording(rows):
         shapes.append(tuple(len(r.tokens) for r in rows))
-        return run_step(rows)
+        return launch(rows)
 
-    runner.run = recording
+    runner.launch = recording
     try:
         run(on, [("hello there", SamplingParams(max_tokens=12), {4: "xyz"}, 12),
                  ("zzz", SamplingParams(max_tokens=12), {}, 12)])
     finally:
-        del runner.run
-    assert (3, 1) in shapes or (1, 3) in shapes, shapes  # [token, x, y] beside the other row's token
+        del runner.launch
+    assert {(2, 1), (1, 2)} & set(shapes), shapes  # [x, y] beside the other row's token
 
 
 @pytest.mark.parametrize("start", [0, 3])

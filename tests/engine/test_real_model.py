@@ -133,13 +133,19 @@ SHARDED = textwrap.dedent("""
         e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=32, mesh=mesh, start=False,
                    max_step_tokens=64)
         out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
-        out[name + "_cache_spec"] = str(jax.tree.leaves(e.runner.state.pools)[0].sharding.spec)
+        keys = jax.tree.leaves(e.runner.state.pools)[0]
+        out[name + "_pool_shape"] = list(keys.shape)
+        out[name + "_shard_shape"] = list(keys.addressable_shards[0].data.shape)
+        out[name + "_shards"] = len({s.device for s in keys.addressable_shards})
     print(json.dumps(out))
 """)
 
 
-def test_sharded_over_8_cpu_devices_equals_unsharded(tmp_path):
-    ckpt = make_checkpoint(tmp_path / "ckpt")
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_sharded_over_8_cpu_devices_equals_unsharded(tmp_path, kv_heads):
+    """8 kv heads: the pool splits over its kv heads; 2 kv heads (fewer than the devices): over its pages, each
+    device holding 1/8 of them. Either way the outputs are one device's."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", kv_heads=kv_heads)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", SHARDED, str(ckpt)], check=False, env=env, cwd=ROOT, capture_output=True,
@@ -147,7 +153,12 @@ def test_sharded_over_8_cpu_devices_equals_unsharded(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["one"] == out["eight"]
-    assert "tp" in out["eight_cache_spec"]
+    pages, shard = out["eight_pool_shape"], out["eight_shard_shape"]
+    if kv_heads == 8:
+        assert shard[1] * 8 == pages[1] == kv_heads and shard[0] == pages[0]
+    else:
+        assert shard[0] * 8 == pages[0] and shard[1] == pages[1] == kv_heads
+    assert out["eight_shards"] == 8
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
-"""Test-only: lets the unmodified `ragged_paged_attention` kernel run under Pallas' TPU interpret mode on CPU.
+"""Lets the unmodified `ragged_paged_attention` kernel run under Pallas' TPU interpret mode off TPU (slow, exact):
+what `jaxchat serve --attention pallas` runs on CPU, and how the tests check the kernel path against the jnp one.
 
 Contract: `with interpret_ragged_kernel():` patches two defects of jax 0.10.2's TPU interpreter
 (`jax._src.pallas.mosaic.interpret.interpret_pallas_call`, private API) and forces TPU interpret mode; on exit
-both are undone. Anything it does not need to change goes to the original functions untouched.
+both are undone. `enable()` does the same for the rest of the process (an engine whose step programs call the
+kernel: the interpreter runs inside them, long after they were traced); idempotent. Anything it does not need
+to change goes to the original functions untouched.
 1. Loads through a ref with a reshape or bitcast transform: the interpreter's `get` turns the transform stack
    into one index range and assumes every transform is an indexer, so the kernel's `kv_ref = ...reshape(...)`
    fails with "'ReshapeTransform' object has no attribute 'indices'". The shim reads the part before the first
@@ -11,7 +14,8 @@ both are undone. Anything it does not need to change goes to the original functi
    leading one: `SharedMemory.swap_buffer_content` marks out-of-bounds rows with `in_bounds_mask[n:] = False`
    on axis 0 for every axis, so an in-bounds store raises "Out-of-bounds masked swap". The shim does the masked
    store as a read (original `get`) and an unmasked swap of `where(mask, val, old)`.
-Raises RuntimeError when the private functions it patches are not there (another jax): tests then skip.
+Raises RuntimeError when the private functions it patches are not there (another jax): tests then skip, and the
+engine refuses `--attention pallas` off TPU with that message.
 """
 
 from __future__ import annotations
@@ -105,3 +109,14 @@ def interpret_ragged_kernel():
             yield
     finally:
         ipc.get, ipc.swap = orig_get, orig_swap
+
+
+_ENABLED: list = []
+
+
+def enable() -> None:
+    """`interpret_ragged_kernel()` entered for the rest of the process (once)."""
+    if not _ENABLED:
+        stack = contextlib.ExitStack()
+        stack.enter_context(interpret_ragged_kernel())
+        _ENABLED.append(stack)

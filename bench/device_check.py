@@ -1,0 +1,153 @@
+"""The device check: what the engine does on the accelerator JAX finds (bench/device_check.sh runs it).
+
+For the default model (Qwen2.5-Coder-0.5B, its GGUF weights) and a random-weight dense config of about 1.5B
+parameters (Qwen2.5-1.5B's shape), in bfloat16 on an accelerator (float32 on CPU), through the engine as it
+serves (paged pool, ragged step, overlapped loop, the attention backend `auto` picks):
+- decode tokens/s at batch 1, 16 and 64 (the steady rate while every row decodes, `bench/decode.py`'s measure)
+  and, at batch 1, the fraction of the memory-bandwidth bound (tokens/s over bandwidth / weight bytes a step
+  reads; the bandwidth from a table of device kinds, or measured with a copy on CPU);
+- TTFT of a 512-token prompt at batch 1 (median of 3, each a new prompt);
+- the default model's step time at 16 rows with a JSON schema on every row against unconstrained rows.
+Prints one table per model and a last line `device check: ok`. `--smoke` is a reduced run for CI on CPU: SmolLM2
+only, batches 1 and 2, few tokens, no 1.5B config.
+
+    python bench/device_check.py [--smoke] [--new-tokens 64] [--batches 1,16,64] [--models default,dense-1.5b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# HBM bandwidth by device kind (bytes/s), from the vendors' data sheets
+BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L4": 0.3e12, "TPU v4": 1.2e12, "TPU v5 lite": 0.82e12,
+             "TPU v5e": 0.82e12, "TPU v5p": 2.76e12, "TPU v6 lite": 1.64e12, "TPU v6e": 1.64e12}
+DENSE_1_5B = {"family": "qwen2", "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_layers": 28,
+              "num_heads": 12, "num_kv_heads": 2, "head_dim": 128, "rope_theta": 1e6, "attention_bias": True,
+              "tie_word_embeddings": True}
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}, "score": {"type": "integer"}},
+          "required": ["answer", "score"]}
+
+
+def bandwidth(device) -> tuple[float, str]:
+    kind = getattr(device, "device_kind", "")
+    for name, bw in BANDWIDTH.items():
+        if name.lower() in kind.lower():
+            return bw, f"{kind} (data sheet)"
+    from bench.decode import copy_bandwidth
+
+    return copy_bandwidth(), f"{kind or device.platform} (measured copy)"
+
+
+def ttft(engine, length: int, repeats: int = 3) -> float:
+    from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+    async def first(i: int) -> float:
+        prompt = [(97 * i + 13 * j) % 20000 + 300 for j in range(length)]
+        t0 = time.perf_counter()
+        async for _ in engine.generate(GenerationRequest(prompt, SamplingParams(max_tokens=1, ignore_eos=True))):
+            return time.perf_counter() - t0
+        return float("nan")
+
+    return statistics.median(asyncio.run(first(i)) for i in range(repeats))
+
+
+def step_time(engine, rows: int, tokens: int, constrained: bool) -> float:
+    """Mean seconds per step while `rows` requests decode `tokens` tokens (a JSON schema on each, or none)."""
+    from jaxchat.chat import chat_constraint_request_from_openai, chat_format_detect
+    from jaxchat.constrain import GrammarEngine
+    from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+    tok = engine.tokenizer
+    spec = chat_format_detect(tok.chat_template, lambda s: s in tok.get_vocab())
+    grammar = GrammarEngine(tok, vocab_size=engine.model.config.vocab_size)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}}
+
+    async def run() -> float:
+        async def one(i: int):
+            c = grammar.make(spec, chat_constraint_request_from_openai(body), "") if constrained else None
+            req = GenerationRequest([300 + i, 400, 500], SamplingParams(max_tokens=tokens, ignore_eos=True), c)
+            async for _ in engine.generate(req):
+                pass
+
+        steps = engine.stats()["steps"]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(rows)))
+        return (time.perf_counter() - t0) / max(1, engine.stats()["steps"] - steps)
+
+    return asyncio.run(run())
+
+
+def check(name: str, model, args, batches: list[int], constrained_rows: int) -> None:
+    import jax
+
+    from bench.decode import run_jaxchat, weight_bytes_per_step
+    from jaxchat.engine.engine import Engine
+
+    t0 = time.perf_counter()
+    engine = Engine(model, max_batch=max(batches), max_context=1024)
+    ready = time.perf_counter() - t0
+    bw, source = bandwidth(jax.devices()[0])
+    per_step = weight_bytes_per_step(model)
+    params = sum(x.size for x in jax.tree.leaves(model.params))
+    print(f"\n== {name}: {params / 1e9:.2f}B parameters, {model.dtype}, attention {engine.runner.backend.name}, "
+          f"ready in {ready:.0f} s ==")
+    print(f"bandwidth {bw / 1e9:.0f} GB/s ({source}); weights read per step {per_step / 1e9:.2f} GB: "
+          f"bound {bw / per_step:.0f} tok/s at batch 1")
+    prompt = [300 + (7 * j) % 5000 for j in range(32)]
+    for b in batches:
+        _, decode_rate, _ = run_jaxchat(engine, prompt, args.new_tokens, b)
+        extra = f"  ({decode_rate / (bw / per_step):.0%} of the bandwidth bound)" if b == 1 else ""
+        print(f"decode batch {b:>3}: {decode_rate:9.1f} tok/s{extra}")
+    print(f"TTFT, {args.prompt_tokens}-token prompt, batch 1: {1000 * ttft(engine, args.prompt_tokens):.1f} ms")
+    if constrained_rows and engine.tokenizer is not None:
+        free = step_time(engine, constrained_rows, args.new_tokens, constrained=False)
+        json_ = step_time(engine, constrained_rows, args.new_tokens, constrained=True)
+        print(f"step at {constrained_rows} rows: unconstrained {1000 * free:.2f} ms, JSON schema on every row "
+              f"{1000 * json_:.2f} ms ({json_ / free:.2f}x)")
+    engine.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="a reduced run (CPU, CI): SmolLM2, batches 1 and 2")
+    ap.add_argument("--models", default="default,dense-1.5b")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    args = ap.parse_args()
+    import jax
+
+    from bench.decode import random_model_of
+    from jaxchat.assets import DEFAULT_MODEL, asset_path
+    from jaxchat.models import load_model
+
+    platform = jax.devices()[0].platform
+    dtype = "float32" if platform == "cpu" else "bfloat16"
+    print(f"devices: {jax.devices()} (jax {jax.__version__})")
+    if args.smoke:
+        args.new_tokens, args.prompt_tokens = min(args.new_tokens, 8), min(args.prompt_tokens, 64)
+        check("smollm2-135m (smoke)", load_model(asset_path("smollm2-135m-instruct-q4_1.gguf"), dtype),
+              args, [1, 2], constrained_rows=2)
+    else:
+        batches = [int(b) for b in args.batches.split(",")]
+        for name in args.models.split(","):
+            if name == "default":
+                check("qwen2.5-coder-0.5b", load_model(asset_path(DEFAULT_MODEL), dtype), args, batches, 16)
+            elif name == "dense-1.5b":
+                check("dense-1.5b (random weights)", random_model_of(DENSE_1_5B, dtype, "random:dense-1.5b"), args,
+                      batches, 0)
+            else:
+                raise SystemExit(f"device_check: unknown model {name!r} (default, dense-1.5b)")
+    print("device check: ok")
+
+
+if __name__ == "__main__":
+    main()
