@@ -296,7 +296,8 @@ class ChatService(TextCompletions, ResponsesApi, MessagesApi):
             "programs_loaded": s.get("programs_loaded", 0),
             "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
             "jump_forward_tokens": s.get("jump_forward_tokens", 0),
-            **{k: s[k] for k in ("kv_pages_used", "kv_pages_total", "preemptions") if k in s},
+            **{k: s[k] for k in ("kv_pages_used", "kv_pages_total", "preemptions", "draft_tokens",
+                                 "draft_accepted_tokens") if k in s},
         }
 
 

@@ -19,6 +19,8 @@ Contract:
   text is also allowed, so markers appear only where the grammar needs them structurally. This is
   a second line: the grammar itself keeps markers, spelled out or single tokens, out of free text
   and strings (`excludes`, see `tags.string_excludes`).
+- Speculative decoding: `draft_masks(drafts, masks)` fills the mask at each draft position (the matcher
+  advanced through the drafts it admits, then rolled back: xgrammar's rollback) and says how many it admits.
 - `TokenBanConstraint` (`token_ban_constraint`): a fixed mask with some tokens banned, no grammar
   (tool_choice "none" when the tool opener is a single token).
 """
@@ -140,6 +142,25 @@ class GrammarConstraint:
             if c.canary_id is not None and (c.guard_ids or c.late_guard_ids or c.opener_ids):
                 c._guard(row.view(np.uint32))
 
+    def draft_masks(self, drafts: list[int], masks: np.ndarray) -> int:
+        """Speculative decoding: the masks of the next token and of the token after each draft token, as the
+        grammar would fill them after accepting the drafts before it (`masks[j]`, j = 0 .. n), where n is how
+        many drafts the grammar admits in a row (a draft it rejects ends the draft there). The matcher is rolled
+        back: its state is as before the call."""
+        self.fill_mask(masks[0])
+        if self.disabled or self._matcher.is_terminated():
+            masks[1:].fill(-1)
+            return len(drafts)
+        taken = 0
+        for tok in drafts:
+            if not self._matcher.accept_token(int(tok)):
+                break
+            taken += 1
+            self.fill_mask(masks[taken])
+        if taken:
+            self._matcher.rollback(taken)
+        return taken
+
     def _guard(self, bits: np.ndarray) -> None:
         """Marker guard: where plain text is allowed (the canary token is), a marker token could only
         be text inside a string or free text, so it is masked out (see tags.guarded_markers). The
@@ -252,6 +273,13 @@ class TokenBanConstraint:
 
     def accept_forced(self, token: int) -> bool:
         return True
+
+    def draft_masks(self, drafts: list[int], masks: np.ndarray) -> int:
+        """The same fixed mask at every position; a banned draft token ends the draft."""
+        taken = next((i for i, t in enumerate(drafts) if int(t) in self.banned), len(drafts))
+        for row in masks[:taken + 1]:
+            self.fill_mask(row)
+        return taken
 
     def is_terminated(self) -> bool:
         return False

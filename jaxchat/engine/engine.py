@@ -32,6 +32,9 @@ Contract:
   window (`arrivals`).
 - `attention` ("auto", "xla", "pallas"; `attention_backend`): the jnp ragged attention everywhere, or JAX's
   Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact).
+- `speculative` ("off", "ngram"): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
+  (`speculate`), verified in "verify" steps (16 or 64 tokens, logits at every token) under the grammar's mask at
+  every position; greedy outputs are unchanged, sampled ones keep the model's distribution.
 - `overlap=True`: the host takes a step's tokens and fills the next masks while the next step's forward runs
   (`scheduler`); False runs launch, sample and token handling in turn (the same greedy outputs).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in the row's
@@ -113,6 +116,13 @@ def ragged_rows(max_batch: int) -> tuple[int, ...]:
 
 
 ATTENTION_CHOICES = ("auto", "xla", "pallas")
+SPECULATIVE_CHOICES = ("off", "ngram")
+DRAFT_TOKENS = 6  # the most tokens a row drafts per step (`drafts.DraftLength` adapts it per row)
+
+
+def verify_buckets(max_step_tokens: int) -> tuple[int, ...]:
+    """Token counts of the verify programs (steps with drafts): 16 and 64, within the step budget."""
+    return tuple(sorted({min(16, max_step_tokens), min(64, max_step_tokens)}))
 
 
 def attention_backend(name: str, config: Any, platform: str, page_size: int):
@@ -226,6 +236,8 @@ class Engine:
         jump_forward: bool = True,
         overlap: bool = True,
         attention: str = "auto",
+        speculative: str = "off",
+        draft_tokens: int | None = None,
         warmup: bool = True,
         start: bool = True,
         burst_gap_s: float = BURST_GAP_S,
@@ -241,6 +253,8 @@ class Engine:
         specs = model.partition_specs(self.mesh)
         shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
         params = jax.device_put(model.params, shardings)
+        if speculative not in SPECULATIVE_CHOICES:
+            raise ValueError(f"speculative {speculative!r}: choose one of {', '.join(SPECULATIVE_CHOICES)}")
         page = page_size or default_page_size(self.mesh)
         backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page)
         step_model = (model.step_model(params, mesh_platform(self.mesh), layout="unrolled")
@@ -258,6 +272,7 @@ class Engine:
             token_buckets=step_token_buckets or token_buckets(step_tokens),
             decode_rows=decode_rows or pow2_buckets(1, max_batch),
             ragged_rows=ragged_rows(max_batch),
+            verify_buckets=verify_buckets(step_tokens) if speculative == "ngram" else (),
             executables=None if executable_cache is None or jax.process_count() > 1
             else ExecutableStore(executable_cache, identity),
         )
@@ -266,7 +281,8 @@ class Engine:
                  pages * page * per_token / (1 << 30))
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, jump_forward=jump_forward,
                                    prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest(),
-                                   overlap=overlap)
+                                   overlap=overlap,
+                                   draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0)
         if warmup:
             self._warmup()
         self._compiles_at_ready = compile_count()
@@ -414,6 +430,8 @@ class Engine:
             "prefix_cache_hit_tokens": s.prefix_hit_tokens,
             "jump_forward_tokens": s.forced_tokens,
             "preemptions": s.preemptions,
+            "draft_tokens": s.speculator.drafted,
+            "draft_accepted_tokens": s.speculator.accepted,
             "kv_pages_used": s.pool.used(),
             "kv_pages_total": s.pool.capacity,
             "kv_page_size": s.pool.page_size,

@@ -18,6 +18,12 @@ Contract of `sample(logits, bitmask, counts, prompt_mask, params, valid_vocab)`:
   vectorise. The random draw is Gumbel-max over the same argmax.
 - Logprobs are of the model's raw distribution (padding excluded): the chosen token's and the top
   `LOGPROB_TOPK`, computed when any row asks for them (zeros otherwise).
+- Drafts (speculative decoding): `draft` int32[B] (-1: none) is a proposed token for the row's position. A
+  greedy row returns its argmax as always (the draft is accepted when they are equal). A drawing row accepts
+  the draft with probability p(draft) under its processed distribution (mask, penalties, temperature,
+  min-p, top-k, top-p) and otherwise draws from that distribution with the draft removed: standard
+  speculative rejection sampling for a draft that proposes one token with certainty, so the token returned
+  follows p exactly. The host accepts drafts while the returned token equals them.
 """
 
 from __future__ import annotations
@@ -143,7 +149,7 @@ def _truncate(y: jax.Array, p: SamplingArrays) -> jax.Array:
     return jnp.where((p.top_p[:, None] < 1.0) & (probs < pth[:, None]), -jnp.inf, y)
 
 
-def _draw(x: jax.Array, p: SamplingArrays, truncate: bool) -> jax.Array:
+def _draw(x: jax.Array, p: SamplingArrays, truncate: bool, draft: jax.Array | None = None) -> jax.Array:
     t = jnp.where(p.temperature > 0, p.temperature, 1.0)[:, None]
     y = x / t
     ymax = jnp.max(y, axis=-1, keepdims=True)
@@ -157,7 +163,26 @@ def _draw(x: jax.Array, p: SamplingArrays, truncate: bool) -> jax.Array:
         key = jax.random.fold_in(jax.random.fold_in(base, seed), step)
         return jax.random.gumbel(key, y.shape[-1:], jnp.float32)
 
-    return row_argmax(y + jax.vmap(gumbel)(p.seed, p.step))
+    noise = jax.vmap(gumbel)(p.seed, p.step)
+    if draft is None:
+        return row_argmax(y + noise)
+
+    def with_drafts():
+        has = draft >= 0
+        d = jnp.maximum(draft, 0)
+        probs = jax.nn.softmax(y, axis=-1)
+        p_draft = jnp.take_along_axis(probs, d[:, None], axis=-1)[:, 0]
+
+        def uniform(seed, step):
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(base, seed), step), 0x5EED)
+            return jax.random.uniform(key, (), jnp.float32)
+
+        accept = jax.vmap(uniform)(p.seed, p.step) < p_draft
+        removed = jnp.where(has[:, None] & (jnp.arange(y.shape[-1])[None, :] == d[:, None]), -jnp.inf, y)
+        residual = row_argmax(removed + noise)
+        return jnp.where(has, jnp.where(accept, d, residual), residual)
+
+    return jax.lax.cond(jnp.any(draft >= 0), with_drafts, lambda: row_argmax(y + noise))
 
 
 def _sampling_path(p: SamplingArrays) -> jax.Array:
@@ -188,8 +213,10 @@ def sample(
     prompt_mask: jax.Array,
     p: SamplingArrays,
     valid_vocab: int,
+    draft: jax.Array | None = None,
 ) -> SampleOut:
-    """Sample one token per row; `bitmask=None` skips the grammar mask (padding is still masked)."""
+    """Sample one token per row; `bitmask=None` skips the grammar mask (padding is still masked); `draft`: see
+    the module docstring."""
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
     if bitmask is None:
@@ -200,8 +227,8 @@ def sample(
     greedy = row_argmax(x)
     tokens = jax.lax.switch(_sampling_path(p), [
         lambda: greedy,
-        lambda: jnp.where(p.temperature > 0, _draw(x, p, truncate=False), greedy),
-        lambda: jnp.where(p.temperature > 0, _draw(x, p, truncate=True), greedy),
+        lambda: jnp.where(p.temperature > 0, _draw(x, p, truncate=False, draft=draft), greedy),
+        lambda: jnp.where(p.temperature > 0, _draw(x, p, truncate=True, draft=draft), greedy),
     ])
     # Safety net: a token outside the mask or on a non-finite logit falls back to the best allowed token.
     picked = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]

@@ -50,7 +50,8 @@ import numpy as np
 
 from jaxchat.engine.pages import PagePool
 from jaxchat.engine.sequence import Sequence
-from jaxchat.engine.step import RowInput
+from jaxchat.engine.speculate import Speculator
+from jaxchat.engine.step import RowInput, StepRunner
 from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
 from jaxchat.engine.tokens import TokenHandler
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
@@ -68,6 +69,7 @@ class StepPlan(NamedTuple):
     """What one step runs: its rows in order (each a request and its `RowInput`)."""
 
     rows: list[PlannedRow]
+    key: tuple = ()  # the forward program it ran (set at launch)
 
     @property
     def tokens(self) -> int:
@@ -76,8 +78,10 @@ class StepPlan(NamedTuple):
 
 class Scheduler:
     def __init__(self, runner: Any, tokenizer: Any, eos_token_ids: tuple[int, ...] = (), jump_forward: bool = True,
-                 prefix_cache: bool = True, salt: bytes = b"", overlap: bool = False) -> None:
+                 prefix_cache: bool = True, salt: bytes = b"", overlap: bool = False, draft_tokens: int = 0) -> None:
         self.runner = runner
+        self.speculator = Speculator(draft_tokens, getattr(runner, "max_verify_tokens", 0), runner.max_context,
+                                     runner.mask_words)
         self.overlap = overlap
         self._inflight: StepPlan | None = None  # the sampled step whose tokens the host has not taken
         self.tokenizer = tokenizer
@@ -134,13 +138,13 @@ class Scheduler:
             self._apply_aborts(aborts)
         plan = self.schedule()
         if plan.rows:
-            self.runner.launch([row.input for row in plan.rows])
+            plan = plan._replace(key=self.runner.launch([row.input for row in plan.rows]))
             self._launched(plan)
         if self._inflight is not None:
             previous, self._inflight = self._inflight, None
             self.complete(previous)
         if plan.rows:
-            plan = StepPlan([row._replace(input=self._sample_input(row)) for row in plan.rows])
+            plan = plan._replace(rows=[row._replace(input=self._sample_input(row)) for row in plan.rows])
             self.runner.sample([row.input for row in plan.rows])
             for row in plan.rows:
                 row.seq.inflight = row.input.samples
@@ -201,7 +205,8 @@ class Scheduler:
             take = min(len(seq.pending), budget - used)
             if self._ensure_pages(seq, seq.computed + take, rows):
                 rows.append(self._row(seq, take))
-        return StepPlan([row for row in rows if row.seq.slot >= 0])
+        rows = [row for row in rows if row.seq.slot >= 0]
+        return StepPlan(self.speculator.draft(rows, self.pool))
 
     def _schedule_uniform(self, budget: int) -> StepPlan:
         """Recurrent models: the oldest row with several pending tokens alone, else a new arrival's first chunk
@@ -226,7 +231,7 @@ class Scheduler:
         device (fed) unless that token will end it."""
         if seq.pending:
             return min(len(seq.pending), room)
-        if not seq.inflight or seq.fed:
+        if not seq.inflight or seq.fed or self.speculator.waits(seq):
             return 0
         last = seq.generated + 1 >= seq.req.sampling.max_tokens or seq.position + 1 >= self.runner.max_context
         return 0 if last else 1
@@ -258,7 +263,9 @@ class Scheduler:
         to run forced text first), its mask and its sampling values."""
         seq, row, epoch = planned
         samples = row.samples and not seq.finished and seq.epoch == epoch and not seq.pending
-        mask = seq.mask if samples and seq.req.constraint is not None else None
+        mask = None
+        if samples and seq.req.constraint is not None:
+            mask = seq.draft_masks if row.drafts else seq.mask
         values = (*seq.sampling[:8], seq.generated, seq.sampling[8]) if seq.sampling else row.sampling
         return row._replace(samples=samples, mask=mask, sampling=values or _NEUTRAL)
 
@@ -344,6 +351,7 @@ class Scheduler:
             seq.sampling = sampling_values(req)
             if req.constraint is not None:
                 req.constraint.fill_mask(seq.mask)
+            self.speculator.start(seq)
         except Exception as e:  # noqa: BLE001 - reported on the request, others continue
             self.tokens.finish(seq, "error", error=f"{type(e).__name__}: {e}")
             return False
@@ -356,13 +364,20 @@ class Scheduler:
         taking = [(i, row) for i, row in enumerate(plan.rows) if row.input.samples]
         if taking:
             out = self.runner.fetch(logprobs=any(row.seq.req.sampling.logprobs is not None for _, row in taking))
+            positions = StepRunner.positions_of(plan.key, [row.input for row in plan.rows])
             rows = []
-            for i, (seq, _, epoch) in taking:
+            for i, (seq, row, epoch) in taking:
                 if seq.epoch != epoch or not seq.inflight:
                     continue
                 seq.inflight = False
-                if not seq.finished:
-                    rows.append((seq, out, i))
+                if seq.finished:
+                    continue
+                if row.drafts:
+                    own = positions[i][-(row.drafts + 1):]
+                    n = self.speculator.verified(seq, row, [out.tokens[j] for j in own])
+                    rows.append((seq, out, list(own[:n])))
+                else:
+                    rows.append((seq, out, [positions[i][-1]]))
             self.tokens.take_all(rows)
         self._key_pages(plan)
 

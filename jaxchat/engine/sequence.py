@@ -47,6 +47,8 @@ class Sequence:
     inflight: bool = False  # a token sampled for it is on the device, not taken yet
     fed: bool = False  # that token already runs in a launched step (fed from the device), so it is not pending
     epoch: int = 0  # bumped by a preemption: a step planned before it no longer speaks for this request
+    drafts: tuple | None = None  # (drafts.NgramIndex, drafts.DraftLength) of a request that drafts (`speculate`)
+    draft_masks: np.ndarray | None = None  # int32[k + 1, W]: the masks at its drafted positions this step
 
     @property
     def prompt(self) -> list[int]:

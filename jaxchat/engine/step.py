@@ -89,6 +89,7 @@ class RowInput(NamedTuple):
     mask: np.ndarray | None  # int32[W], the bitmask of its next token (None: every token allowed)
     sampling: tuple  # one value per `SamplingArrays` field
     feed: bool = False  # tokens[0] is the token last sampled in its slot (still on the device); its value ignored
+    drafts: int = 0  # its last `drafts` tokens are drafts: it samples at every token (mask [drafts + 1, W])
 
 
 class StepArgs(NamedTuple):
@@ -110,12 +111,14 @@ class SampleArgs(NamedTuple):
     samples: np.ndarray  # bool[R]: the row's sampled token is its next one (counted)
     bitmask: np.ndarray | None  # i32[R, W]; None: no row has a mask (the device's all-ones one is used)
     sampling: SamplingArrays
+    draft: np.ndarray  # i32[R]: the drafted token this position verifies (-1: none), `sampler.sample`
 
 
-def _step_fields(t: int, r: int, p: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """The int32 fields of a packed forward input, in order, with their shapes."""
+def _step_fields(t: int, r: int, p: int, n: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The int32 fields of a packed forward input (T tokens, R rows, P pages a row, logits at N tokens), in order,
+    with their shapes."""
     return (("tokens", (t,)), ("positions", (t,)), ("token_rows", (t,)), ("write_slots", (t,)), ("feed", (t,)),
-            ("cu_q_lens", (r + 1,)), ("kv_lens", (r,)), ("state_slots", (r,)), ("logits_index", (r,)),
+            ("cu_q_lens", (r + 1,)), ("kv_lens", (r,)), ("state_slots", (r,)), ("logits_index", (n,)),
             ("fresh", (r,)), ("prompt_len", (r,)), ("count_from", (r,)), ("num_rows", (1,)), ("page_tables", (r, p)))
 
 
@@ -125,14 +128,14 @@ _BOOL_FIELDS = ("feed", "fresh")
 def pack_step(args: StepArgs) -> np.ndarray:
     """A forward's host inputs as one int32 array (`unpack_step` reads it back inside the program)."""
     values = {**args._asdict(), **args.step._asdict()}
-    t, (r, p) = args.tokens.shape[0], args.step.page_tables.shape
-    return np.concatenate([np.asarray(values[name], np.int32).reshape(-1) for name, _ in _step_fields(t, r, p)])
+    t, (r, p), n = args.tokens.shape[0], args.step.page_tables.shape, args.logits_index.shape[0]
+    return np.concatenate([np.asarray(values[name], np.int32).reshape(-1) for name, _ in _step_fields(t, r, p, n)])
 
 
-def unpack_step(ints, t: int, r: int, p: int) -> StepArgs:
+def unpack_step(ints, t: int, r: int, p: int, n: int) -> StepArgs:
     """`pack_step` undone (static slices: works on a traced array)."""
     out, at = {}, 0
-    for name, shape in _step_fields(t, r, p):
+    for name, shape in _step_fields(t, r, p, n):
         n = int(np.prod(shape))
         value = ints[at:at + n].reshape(shape)
         out[name] = value != 0 if name in _BOOL_FIELDS else value
@@ -142,26 +145,26 @@ def unpack_step(ints, t: int, r: int, p: int) -> StepArgs:
                     out["feed"])
 
 
-_SAMPLE_INTS = ("top_k", "seed", "step", "logprobs")
+_SAMPLE_INTS = ("top_k", "seed", "step", "logprobs", "draft")
 _SAMPLE_FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
 
 
 def pack_sample(args: SampleArgs) -> tuple[np.ndarray, np.ndarray]:
     """A sampler's host inputs but the bitmask as one int32 and one float32 array (`unpack_sample`)."""
-    sp = args.sampling
+    sp = args.sampling._asdict() | {"draft": args.draft}
     ints = [np.asarray(args.slots, np.int32), np.asarray(args.samples, np.int32)]
-    ints += [np.asarray(getattr(sp, f)).astype(np.uint32 if f == "seed" else np.int32).view(np.int32)
-             for f in _SAMPLE_INTS]
-    return np.concatenate(ints), np.concatenate([np.asarray(getattr(sp, f), np.float32) for f in _SAMPLE_FLOATS])
+    ints += [np.asarray(sp[f]).astype(np.uint32 if f == "seed" else np.int32).view(np.int32) for f in _SAMPLE_INTS]
+    return np.concatenate(ints), np.concatenate([np.asarray(sp[f], np.float32) for f in _SAMPLE_FLOATS])
 
 
-def unpack_sample(ints, floats, r: int) -> tuple[jax.Array, jax.Array, SamplingArrays]:
-    """(slots, samples, sampling arrays) from `pack_sample`'s arrays (static slices)."""
+def unpack_sample(ints, floats, r: int) -> tuple[jax.Array, jax.Array, SamplingArrays, jax.Array]:
+    """(slots, samples, sampling arrays, drafts) from `pack_sample`'s arrays (static slices)."""
     col = {name: ints[(2 + i) * r:(3 + i) * r] for i, name in enumerate(_SAMPLE_INTS)}
     col["seed"] = jax.lax.bitcast_convert_type(col["seed"], jnp.uint32)
     col["logprobs"] = col["logprobs"] != 0
     col.update({name: floats[i * r:(i + 1) * r] for i, name in enumerate(_SAMPLE_FLOATS)})
-    return ints[:r], ints[r:2 * r] != 0, SamplingArrays(**col)
+    draft = col.pop("draft")
+    return ints[:r], ints[r:2 * r] != 0, SamplingArrays(**col), draft
 
 
 def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
@@ -198,6 +201,11 @@ def rows_of(key: tuple) -> int:
     return key[1] if key[0] in ("decode", "sample") else key[2]
 
 
+def samples_of(key: tuple) -> int:
+    """How many positions a forward program's sampler samples: one per row, or every token of a verify step."""
+    return key[1] if key[0] in ("verify", "sample") else rows_of(key)
+
+
 def split_vocab_major_head(params) -> tuple[Any, jax.Array | None]:
     """(the model's params, the runner's vocab-major head copy or None)."""
     if isinstance(params, dict) and HEAD_VD in params:
@@ -206,15 +214,15 @@ def split_vocab_major_head(params) -> tuple[Any, jax.Array | None]:
 
 
 def forward_step(params, state: DeviceState, ints, *, forward: Callable, uniform: tuple[int, int] | None,
-                 shape: tuple[int, int, int]) -> tuple[DeviceState, jax.Array]:
+                 shape: tuple[int, int, int, int]) -> tuple[DeviceState, jax.Array]:
     """A step's forward as one XLA program: the model over the flat batch (writing its K/V into the pool), the
     rows' logits at their last tokens, and the penalty state of the tokens it ran (a fresh row's counts and
     prompt mask restart; prompt positions join the prompt mask, counted positions the counts). `ints` is
-    `pack_step`'s array for `shape` (T, R, pages per row). Pure; `StepRunner` jits it with the state donated."""
+    `pack_step`'s array for `shape` (T, R, pages per row, logits positions). Pure; `StepRunner` jits it with the state donated."""
     args = unpack_step(ints, *shape)
     params, head_vd = split_vocab_major_head(params)
-    r = args.logits_index.shape[0]
-    extra = {"head_vd": head_vd} if head_vd is not None and r > 1 else {}
+    r = args.step.kv_lens.shape[0]
+    extra = {"head_vd": head_vd} if head_vd is not None and args.logits_index.shape[0] > 1 else {}
     step = args.step
     slots_n = state.counts.shape[0]
     rows, pos = step.token_rows, step.positions
@@ -239,11 +247,11 @@ def sample_step(state: DeviceState, logits, ints, floats, bitmask, *, valid_voca
     and prompt mask, temperature, truncation, seeded draw); where the row samples, count the token and keep it
     as its slot's last token. `ints`, `floats`: `pack_sample`'s arrays. Pure; jitted per row bucket with the
     state donated."""
-    slots, samples, sampling = unpack_sample(ints, floats, logits.shape[0])
+    slots, samples, sampling, draft = unpack_sample(ints, floats, logits.shape[0])
     slots_n = state.counts.shape[0]
     counts = jnp.take(state.counts, slots, axis=0, mode="clip")
     pmask = jnp.take(state.prompt_mask, slots, axis=0, mode="clip")
-    out = sample(logits, bitmask, counts, pmask, sampling, valid_vocab)
+    out = sample(logits, bitmask, counts, pmask, sampling, valid_vocab, draft=draft)
     counted = jnp.where(samples & (slots < slots_n), slots, slots_n)
     return state._replace(counts=state.counts.at[counted, out.tokens].add(1, mode="drop"),
                           last_tokens=state.last_tokens.at[counted].set(out.tokens, mode="drop")), out
@@ -254,7 +262,7 @@ class StepRunner:
 
     def __init__(self, model: StepModel, *, max_batch: int, max_context: int, vocab_size: int, valid_vocab: int,
                  mesh: Mesh, backend: Any, num_pages: int, token_buckets: Sequence[int],
-                 decode_rows: Sequence[int], ragged_rows: Sequence[int],
+                 decode_rows: Sequence[int], ragged_rows: Sequence[int], verify_buckets: Sequence[int] = (),
                  executables: ExecutableStore | None = None) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         self.mask_words = mask_words(vocab_size)
@@ -266,6 +274,7 @@ class StepRunner:
         self.decode_rows = tuple(sorted({min(int(b), max_batch) for b in decode_rows}))
         rows = ragged_rows if model.prefix_reuse else (1,)
         self.ragged_rows = tuple(sorted({min(int(b), max_batch) for b in rows}))
+        self.verify_buckets = tuple(sorted(set(verify_buckets))) if model.prefix_reuse else ()
         self.mesh, self.layout, self.executables = mesh, model.layout, executables
         self._compiled: dict[tuple, Any] = {}
         rep = NamedSharding(mesh, P())
@@ -315,15 +324,25 @@ class StepRunner:
         """Every program: the forward of each step shape, then the sampler of each row count."""
         keys: list[tuple] = [("decode", r) for r in self.decode_rows]
         keys += [("ragged", t, r) for t in self.token_buckets for r in self.ragged_rows if r <= t]
-        keys += [("sample", r) for r in sorted({rows_of(k) for k in keys})]
+        keys += [("verify", t, r) for t in self.verify_buckets for r in self.ragged_rows if r <= t]
+        keys += [("sample", n) for n in sorted({samples_of(k) for k in keys})]
         return keys
 
     @property
     def max_step_tokens(self) -> int:
         return self.token_buckets[-1]
 
-    def shape_for(self, n_rows: int, n_tokens: int) -> tuple | None:
-        """The program for a step of `n_rows` rows running `n_tokens` tokens in all (None: none fits)."""
+    @property
+    def max_verify_tokens(self) -> int:
+        """The most tokens a step with drafts may run (0: no verify programs)."""
+        return self.verify_buckets[-1] if self.verify_buckets else 0
+
+    def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> tuple | None:
+        """The program for a step of `n_rows` rows running `n_tokens` tokens in all (None: none fits); `verify`: a
+        step with drafts (logits at every token)."""
+        if verify:
+            return next((("verify", t, r) for t in self.verify_buckets if n_tokens <= t
+                         for r in self.ragged_rows if n_rows <= r <= t), None)
         if n_rows == n_tokens and n_rows <= self.decode_rows[-1]:
             return "decode", bucket_for(n_rows, self.decode_rows)
         for t in self.token_buckets:
@@ -333,10 +352,10 @@ class StepRunner:
                         return "ragged", t, r
         return None
 
-    def _shape(self, key: tuple) -> tuple[int, int, int]:
-        """(tokens, rows, pages per row) of a forward program."""
+    def _shape(self, key: tuple) -> tuple[int, int, int, int]:
+        """(tokens, rows, pages per row, logits positions) of a forward program."""
         t, r = (key[1], key[1]) if key[0] == "decode" else (key[1], key[2])
-        return t, r, self.pages_per_row
+        return t, r, self.pages_per_row, samples_of(key)
 
     # ---- host packing ---------------------------------------------------------------------------------
     def pack(self, key: tuple, rows: Sequence[RowInput]) -> tuple[StepArgs, SampleArgs]:
@@ -344,7 +363,7 @@ class StepRunner:
         return self.pack_forward(key, rows), self.pack_sample(key, rows)
 
     def pack_forward(self, key: tuple, rows: Sequence[RowInput]) -> StepArgs:
-        t, r, width = self._shape(key)
+        t, r, width, _ = self._shape(key)
         n = sum(len(row.tokens) for row in rows)
         if len(rows) > r or n > t:
             raise ValueError(f"{len(rows)} rows of {n} tokens do not fit the step program {key}")
@@ -375,21 +394,40 @@ class StepRunner:
             prompt_len[i], count_from[i] = row.prompt_len, row.count_from
         step = StepInputs(positions, token_rows, cu, kv_lens, tables, write_slots, state_slots,
                           np.asarray([len(rows)], np.int32))
+        if key[0] == "verify":
+            index = np.arange(t, dtype=np.int32)
         return StepArgs(tokens, step, index, fresh, prompt_len, count_from, feed)
 
+    @staticmethod
+    def positions_of(key: tuple, rows: Sequence[RowInput]) -> list[range]:
+        """Which sampled positions belong to each row: its own index, or, in a verify step, one per token."""
+        if key[0] != "verify":
+            return [range(i, i + 1) for i in range(len(rows))]
+        out, at = [], 0
+        for row in rows:
+            out.append(range(at, at + len(row.tokens)))
+            at += len(row.tokens)
+        return out
+
     def pack_sample(self, key: tuple, rows: Sequence[RowInput]) -> SampleArgs:
-        r = rows_of(key)
-        slots, samples = np.full(r, self.max_batch, np.int32), np.zeros(r, np.bool_)
+        n = samples_of(key)
+        slots, samples = np.full(n, self.max_batch, np.int32), np.zeros(n, np.bool_)
+        draft = np.full(n, -1, np.int32)
         masked = any(row.mask is not None for row in rows)
-        bitmask = np.full((r, self.mask_words), -1, np.int32) if masked else None
-        sp = SamplingArrays.numpy(r)
-        for i, row in enumerate(rows):
-            slots[i], samples[i] = row.slot, row.samples
-            if masked and row.mask is not None:
-                bitmask[i] = row.mask
-            for full, value in zip(sp, row.sampling, strict=True):
-                full[i] = value
-        return SampleArgs(slots, samples, bitmask, sp)
+        bitmask = np.full((n, self.mask_words), -1, np.int32) if masked else None
+        sp = SamplingArrays.numpy(n)
+        for row, where in zip(rows, self.positions_of(key, rows), strict=True):
+            own = where[-(row.drafts + 1):]  # the positions it samples at: its last, or one per draft and after
+            for j, i in enumerate(own):
+                slots[i] = row.slot
+                samples[i] = row.samples and not row.drafts
+                if j < row.drafts:
+                    draft[i] = row.tokens[len(row.tokens) - row.drafts + j]
+                if masked and row.mask is not None:
+                    bitmask[i] = row.mask[j] if row.drafts else row.mask
+                for field, full, value in zip(SamplingArrays._fields, sp, row.sampling, strict=True):
+                    full[i] = value + j if field == "step" else value
+        return SampleArgs(slots, samples, bitmask, sp, draft)
 
     # ---- running ---------------------------------------------------------------------------------------
     def run(self, rows: Sequence[RowInput]) -> SampleOut:
@@ -400,7 +438,7 @@ class StepRunner:
 
     def launch(self, rows: Sequence[RowInput]) -> tuple:
         """Dispatch the forward of a step over `rows` (not waiting for it); returns its program key."""
-        key = self.shape_for(len(rows), sum(len(row.tokens) for row in rows))
+        key = self.shape_for(len(rows), sum(len(row.tokens) for row in rows), any(row.drafts for row in rows))
         if key is None:
             raise ValueError(f"no step program takes {len(rows)} rows of {sum(len(r.tokens) for r in rows)} tokens")
         self._forward(key, self.pack_forward(key, rows))
@@ -414,7 +452,8 @@ class StepRunner:
         key, n = self._launched
         if len(rows) != n:
             raise ValueError(f"{len(rows)} rows to sample after a launch of {n}")
-        self._sample(rows_of(key), self.pack_sample(key, rows), n)
+        used = sum(len(row.tokens) for row in rows) if key[0] == "verify" else n
+        self._sample(samples_of(key), self.pack_sample(key, rows), used)
         self._launched = None
 
     def fetch(self, logprobs: bool = False) -> SampleOut:
@@ -476,7 +515,7 @@ class StepRunner:
             for key in keys:
                 if key[0] != "sample" and key[1] <= PRIME_TOKENS:
                     self._forward(key, self.pack_forward(key, []))
-                    self._sample(rows_of(key), self.pack_sample(key, []))
+                    self._sample(samples_of(key), self.pack_sample(key, []))
             jax.block_until_ready(self.state)
             self._out = None
 

@@ -44,13 +44,22 @@ class TokenHandler:
     # ---- sampled tokens --------------------------------------------------------------------------------
     def take(self, seq: Sequence, out: SampleOut, i: int) -> None:
         """Row i of `out` is the request's next token (`take_all` of one)."""
-        self.take_all([(seq, out, i)])
+        self.take_all([(seq, out, [i])])
 
-    def take_all(self, rows: list[tuple[Sequence, SampleOut, int]]) -> None:
-        """Each (request, out, i): row i of `out` is the request's next token. Every token is accepted and checked
-        first, then the next masks of all the requests that go on are filled in one batch (`fill_masks`), then
-        each request's next step is set up (jump-forward, planned tokens)."""
-        going_on = [taken for seq, out, i in rows if (taken := self._take_token(seq, out, i)) is not None]
+    def take_all(self, rows: list[tuple[Sequence, SampleOut, list[int]]]) -> None:
+        """Each (request, out, indices): rows `indices` of `out` are the request's next tokens, in order (several
+        after a verified draft). Every token is accepted and checked first (a token that ends the request drops
+        those after it), then the next masks of all the requests that go on are filled in one batch
+        (`fill_masks`), then each request's next step is set up (jump-forward, planned tokens)."""
+        going_on = []
+        for seq, out, indices in rows:
+            taken = None
+            for i in indices:
+                taken = self._take_token(seq, out, i)
+                if taken is None:
+                    break
+            if taken is not None:
+                going_on.append(taken)
         fill_masks([seq for seq, _, _ in going_on if seq.req.constraint is not None], self.finish)
         for seq, tok, was_planned in going_on:
             if seq.finished:

@@ -19,7 +19,9 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
 * `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache; `preemptions_total`:
   requests whose pages were taken back when the pool ran dry (recomputed later);
   `jump_forward_tokens_total`: output tokens a grammar forced, appended without sampling (counters fed from
-  the service's running totals `prefix_cache_hit_tokens`, `jump_forward_tokens` and `preemptions`).
+  the service's running totals `prefix_cache_hit_tokens`, `jump_forward_tokens` and `preemptions`);
+  `spec_draft_tokens_total` / `spec_accepted_tokens_total`: tokens drafted by speculative decoding and drafts
+  accepted (from `draft_tokens`, `draft_accepted_tokens`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ class Metrics:
                                             registry=r), 0],
             "preemptions": [Counter("jaxchat_preemptions", "Requests preempted when the KV pool ran dry",
                                     registry=r), 0],
+            "draft_tokens": [Counter("jaxchat_spec_draft_tokens", "Tokens drafted for speculative decoding",
+                                     registry=r), 0],
+            "draft_accepted_tokens": [Counter("jaxchat_spec_accepted_tokens",
+                                              "Drafted tokens the model's own choice confirmed", registry=r), 0],
         }
         self._stat_gauges: dict[str, Gauge] = dict.fromkeys(self._totals)  # counters, not gauges
         for key, name in _KNOWN_STATS.items():

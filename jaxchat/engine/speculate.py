@@ -1,0 +1,116 @@
+"""Speculative decoding with prompt-lookup drafts, verified in the ragged step under the grammar.
+
+Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it off):
+- `start(seq)` at a request's first admission: a request drafts unless it has a repetition, presence or
+  frequency penalty or asks for logprobs, or its constraint cannot fill masks ahead (`draft_masks`); the reason
+  is logged (debug) and the request decodes as usual.
+- `waits(seq)`: a drafting row whose sampled token is still on the device is not fed into the next step (its
+  drafts need that token): it runs in turn, the rows that do not draft keep the overlapped loop.
+- `draft(rows, pool)`: after the scheduler planned a step, each drafting row that runs exactly its last sampled
+  token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its `drafts.DraftLength`, at most what
+  `max_tokens` and the context leave, and what keeps the step within `max_tokens` tokens, the largest verify
+  step). Its constraint fills the mask of every position (`draft_masks`: the grammar advanced through the
+  drafts, then rolled back; a draft token it rejects ends the draft there). The row's pages are extended to
+  hold the drafts (free or evictable pages only: no preemption for a draft). A row with drafts samples at every
+  position (`RowInput.drafts`).
+- `verified(seq, row, tokens)`: the tokens sampled at the row's positions; the drafts are accepted while each
+  equals the token sampled before it (greedy: the argmax; with temperature the sampler's rejection step, see
+  `sampler`), and the token after the last accepted draft is the row's next one. Returns how many of `tokens`
+  are the request's (accepted drafts + 1) and rewinds `seq.computed` past the rejected drafts (their K/V is
+  overwritten when those positions are run again). Counts `drafted` and `accepted` tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from jaxchat.engine.drafts import DraftLength, NgramIndex
+from jaxchat.engine.sequence import Sequence
+from jaxchat.engine.step import RowInput
+
+log = logging.getLogger(__name__)
+
+
+class Speculator:
+    def __init__(self, k_max: int, max_tokens: int, max_context: int, mask_words: int) -> None:
+        self.k_max, self.max_tokens, self.max_context, self.mask_words = k_max, max_tokens, max_context, mask_words
+        self.drafted = 0
+        self.accepted = 0
+
+    @property
+    def on(self) -> bool:
+        return self.k_max > 0 and self.max_tokens > 1
+
+    def start(self, seq: Sequence) -> None:
+        if not self.on:
+            return
+        s, c = seq.req.sampling, seq.req.constraint
+        why = None
+        if s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty:
+            why = "penalties (the counts a draft would need are not kept per position)"
+        elif s.logprobs is not None:
+            why = "logprobs are asked for"
+        elif c is not None and not hasattr(c, "draft_masks"):
+            why = f"its constraint ({type(c).__name__}) cannot fill masks ahead"
+        if why is not None:
+            log.debug("request %s decodes without drafts: %s", seq.req.request_id, why)
+            return
+        seq.drafts = (NgramIndex(), DraftLength(self.k_max))
+
+    def waits(self, seq: Sequence) -> bool:
+        return seq.drafts is not None and seq.drafts[1].active
+
+    def draft(self, rows: list, pool) -> list:
+        """The planned rows with drafts added where they can be (see the module docstring)."""
+        if not self.on or not any(row.seq.drafts is not None for row in rows):
+            return rows
+        used = sum(len(row.input.tokens) for row in rows)
+        if used >= self.max_tokens or len(rows) > self.max_tokens:
+            return rows
+        out = []
+        for planned in rows:
+            seq, row, epoch = planned
+            if seq.drafts is None or row.feed or row.drafts or len(row.tokens) != 1 or not row.samples:
+                out.append(planned)
+                continue
+            index, length = seq.drafts
+            if not length.active:
+                length.tick()
+                out.append(planned)
+                continue
+            s = seq.req.sampling
+            room = min(length.k, s.max_tokens - seq.generated - 1, self.max_context - 1 - row.start - 1,
+                       self.max_tokens - used)
+            drafts = index.propose(seq.tokens, room) if room > 0 else []
+            if drafts and seq.req.constraint is not None:
+                masks = np.empty((len(drafts) + 1, self.mask_words), np.int32)
+                taken = seq.req.constraint.draft_masks(drafts, masks)
+                drafts, seq.draft_masks = drafts[:taken], masks[:taken + 1]
+            if drafts:
+                need = pool.pages_for(row.start + 1 + len(drafts)) - len(seq.pages)
+                got = pool.allocate(need) if need > 0 else []
+                if got is None:
+                    drafts = []
+                else:
+                    seq.pages += got
+            if not drafts:
+                out.append(planned)
+                continue
+            used += len(drafts)
+            out.append(planned._replace(input=row._replace(tokens=[*row.tokens, *drafts], pages=list(seq.pages),
+                                                           drafts=len(drafts))))
+        return out
+
+    def verified(self, seq: Sequence, row: RowInput, tokens: Seq[int]) -> int:
+        drafts = row.tokens[len(row.tokens) - row.drafts:]
+        taken = 0
+        while taken < len(drafts) and int(tokens[taken]) == int(drafts[taken]):
+            taken += 1
+        seq.computed -= len(drafts) - taken
+        seq.drafts[1].verified(len(drafts), taken)
+        self.drafted += len(drafts)
+        self.accepted += taken
+        return taken + 1
