@@ -9,7 +9,8 @@ Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it
 - `draft(rows, pool)`: after the scheduler planned a step, each drafting row that runs exactly its last sampled
   token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its `drafts.DraftLength`, at most what
   `max_tokens` and the context leave, and what keeps the step within `max_tokens` tokens, the largest verify
-  step). Its constraint fills the mask of every position (`draft_masks`: the grammar advanced through the
+  step). A row with planned forced tokens (jump-forward off: its masks are pinned to them) does not draft.
+  Its constraint fills the mask of every position (`draft_masks`: the grammar advanced through the
   drafts, then rolled back; a draft token it rejects ends the draft there). The row's pages are extended to
   hold the drafts (free or evictable pages only: no preemption for a draft). A row with drafts samples at every
   position (`RowInput.drafts`).
@@ -73,7 +74,8 @@ class Speculator:
         out = []
         for planned in rows:
             seq, row, epoch = planned
-            if seq.drafts is None or row.feed or row.drafts or len(row.tokens) != 1 or not row.samples:
+            if (seq.drafts is None or row.feed or row.drafts or len(row.tokens) != 1 or not row.samples
+                    or seq.planned):  # planned forced tokens: its next masks are pinned to them, not drafted
                 out.append(planned)
                 continue
             index, length = seq.drafts

@@ -1,4 +1,5 @@
-"""Stream and non-stream give the same message at temperature 0, for text, reasoning and tool-call replies.
+"""Stream and non-stream give the same message at temperature 0, for text, reasoning and tool-call replies; with
+speculative decoding (`speculative="ngram"`) both give the message decoding without drafts gives.
 
 Runs the real serving pipeline (`ChatService`: template, tokenizer, grammar, engine, parser) on a tiny
 random Qwen2 with the real Qwen2.5 tokenizer; the reasoning case uses the QwQ template, whose
@@ -30,8 +31,10 @@ def services(tmp_path_factory):
     # One decode and one prefill program, the shapes test_truncation's services use: with the run's shared
     # compilation cache, whichever file builds them first compiles them and the other loads them.
     shapes = {"max_batch": 8, "max_context": 512, "decode_rows": (8,), "step_token_buckets": (256,)}
+    qwen25 = tiny_chat_model(tmp_path_factory.mktemp("qwen25"))
     made = {
-        "qwen25": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwen25")), **shapes),
+        "qwen25": build_chat_service(qwen25, **shapes),
+        "qwen25-speculative": build_chat_service(qwen25, speculative="ngram", **shapes),
         "qwq": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwq"), "Qwen-QwQ-32B.jinja"), **shapes),
     }
     yield made
@@ -111,3 +114,34 @@ def test_stream_equals_non_stream(services, case):
             assert "city" in json.loads(call["arguments"])
     if case == "json_schema" and plain["finish_reason"] == "stop":
         assert "city" in json.loads(msg["content"])
+
+
+SPECULATIVE_CASES = {
+    "text": {},
+    "stop_string": {"stop": ["ing"]},
+    "tool_calls": {"tools": BOUNDED, "tool_choice": "required", "max_tokens": 120},
+    "named_tool": {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+    "json_schema": {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "w", "schema": TOOLS[0]["function"]["parameters"]}}},
+}
+
+
+def test_speculative_decoding_gives_the_same_messages_streamed_and_not(services):
+    """Greedy replies of the service with prompt-lookup drafts equal those without, streamed and not, over text,
+    a stop string, required and named tool calls and a JSON schema; the random model repeats itself, so drafts
+    are made and accepted (the comparison is not vacuous)."""
+    spec = services["qwen25-speculative"]
+    prompt = "Say the words of this list twice: wind rain snow sun cloud fog ice hail, wind rain snow sun."
+    before = spec.engine.stats()
+    for case, extra in SPECULATIVE_CASES.items():
+        body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 60,
+                "temperature": 0, **extra}
+        want, _ = _both(services["qwen25"], body)
+        plain, streamed = _both(spec, body)
+        for call in want["message"]["tool_calls"] + plain["message"]["tool_calls"] + streamed["message"]["tool_calls"]:
+            call.pop("id")
+        assert plain == want, case
+        assert streamed == want, case
+    after = spec.engine.stats()
+    assert after["draft_tokens"] > before["draft_tokens"]
+    assert after["draft_accepted_tokens"] > before["draft_accepted_tokens"]
