@@ -183,12 +183,12 @@ class PallasAttention:
 def unsupported(config) -> str | None:
     """Why the kernel cannot run a model's attention (None: it can): head dims a multiple of 128, kv heads the
     kernel tiles, no attention sinks."""
-    dims = {config.head_dim, config.global_head_dim or config.head_dim}
+    dims = {config.head_dim, getattr(config, "global_head_dim", None) or config.head_dim}
     if any(d % 128 for d in dims):
         return f"head_dim {sorted(dims)}: the kernel needs a multiple of 128"
-    for kv in {config.num_kv_heads, config.num_global_kv_heads or config.num_kv_heads}:
+    for kv in {config.num_kv_heads, getattr(config, "num_global_kv_heads", None) or config.num_kv_heads}:
         if 2 * kv not in (2, 4, 8) and (2 * kv) % 8:
             return f"{kv} kv heads: the kernel tiles 1, 2, 4 or a multiple of 4"
-    if config.attention_sinks:
+    if getattr(config, "attention_sinks", False):
         return "attention sinks (gpt-oss): the kernel has none"
     return None
