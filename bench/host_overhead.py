@@ -90,7 +90,6 @@ class TrivialModel:
         self.params = {"bias": jnp.zeros((8,), jnp.float32)}
 
     def forward(self, params, tokens, pools, step, backend, *, uniform=None, logits_index=None, head_vd=None):
-        import jax
         import jax.numpy as jnp
 
         last = tokens[logits_index].astype(jnp.uint32)

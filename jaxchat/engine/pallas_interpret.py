@@ -4,7 +4,8 @@ what `jaxchat serve --attention pallas` runs on CPU, and how the tests check the
 Contract: `with interpret_ragged_kernel():` patches two defects of jax 0.10.2's TPU interpreter
 (`jax._src.pallas.mosaic.interpret.interpret_pallas_call`, private API) and forces TPU interpret mode; on exit
 both are undone. `enable()` does the same for the rest of the process (an engine whose step programs call the
-kernel: the interpreter runs inside them, long after they were traced); idempotent. Anything it does not need
+kernel: the interpreter runs inside them, long after they were traced); idempotent; `disable()` undoes it (a
+process done with such engines, e.g. a test module). Anything it does not need
 to change goes to the original functions untouched.
 1. Loads through a ref with a reshape or bitcast transform: the interpreter's `get` turns the transform stack
    into one index range and assumes every transform is an indexer, so the kernel's `kv_ref = ...reshape(...)`
@@ -120,3 +121,9 @@ def enable() -> None:
         stack = contextlib.ExitStack()
         stack.enter_context(interpret_ragged_kernel())
         _ENABLED.append(stack)
+
+
+def disable() -> None:
+    """Undo `enable()` (nothing when it was not enabled)."""
+    while _ENABLED:
+        _ENABLED.pop().close()

@@ -23,6 +23,15 @@ try:
 except RuntimeError as e:  # another jax: the interpreter's internals moved
     pytest.skip(str(e), allow_module_level=True)
 
+
+
+@pytest.fixture(autouse=True, scope="module")
+def unpatch_afterwards():
+    """The kernel engines patch the interpreter for the process; undo it so later tests on this worker see jax's own."""
+    yield
+    pallas_interpret.disable()
+
+
 PROMPTS = [[5, 9, 17, 33, 2, 8, 61, 7, 12, 40, 3], [100, 101, 7], [9] * 20]
 
 
