@@ -33,7 +33,8 @@ Contract:
 - `attention` ("auto", "xla", "pallas"; `attention_backend`): the jnp ragged attention everywhere, or JAX's
   Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact).
 - `speculative` ("off", "ngram"): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
-  (`speculate`), verified in "verify" steps (16 or 64 tokens, logits at every token) under the grammar's mask at
+  (`speculate`), verified in "verify" steps (8 tokens on CPU, 16 or 64 on accelerators; `verify_buckets`; a
+  sampled token at every position) under the grammar's mask at
   every position; greedy outputs are unchanged, sampled ones keep the model's distribution.
 - `overlap=True`: the host takes a step's tokens and fills the next masks while the next step's forward runs
   (`scheduler`); False runs launch, sample and token handling in turn (the same greedy outputs).
@@ -120,9 +121,12 @@ SPECULATIVE_CHOICES = ("off", "ngram")
 DRAFT_TOKENS = 6  # the most tokens a row drafts per step (`drafts.DraftLength` adapts it per row)
 
 
-def verify_buckets(max_step_tokens: int) -> tuple[int, ...]:
-    """Token counts of the verify programs (steps with drafts): 16 and 64, within the step budget."""
-    return tuple(sorted({min(16, max_step_tokens), min(64, max_step_tokens)}))
+def verify_buckets(max_step_tokens: int, platform: str) -> tuple[int, ...]:
+    """Token counts of the verify programs (steps with drafts), within the step budget: 8 on CPU (compute-bound
+    beyond a few tokens: a step of more tokens costs more than the drafts it could add, bench/speculative.py),
+    16 and 64 on accelerators (a step there reads the weights once for a few dozen tokens)."""
+    sizes = (8,) if platform == "cpu" else (16, 64)
+    return tuple(sorted({min(size, max_step_tokens) for size in sizes}))
 
 
 def attention_backend(name: str, config: Any, platform: str, page_size: int):
@@ -272,7 +276,7 @@ class Engine:
             token_buckets=step_token_buckets or token_buckets(step_tokens),
             decode_rows=decode_rows or pow2_buckets(1, max_batch),
             ragged_rows=ragged_rows(max_batch),
-            verify_buckets=verify_buckets(step_tokens) if speculative == "ngram" else (),
+            verify_buckets=verify_buckets(step_tokens, mesh_platform(self.mesh)) if speculative == "ngram" else (),
             executables=None if executable_cache is None or jax.process_count() > 1
             else ExecutableStore(executable_cache, identity),
         )

@@ -4,8 +4,10 @@ Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it
 - `start(seq)` at a request's first admission: a request drafts unless it has a repetition, presence or
   frequency penalty or asks for logprobs, or its constraint cannot fill masks ahead (`draft_masks`); the reason
   is logged (debug) and the request decodes as usual.
-- `waits(seq)`: a drafting row whose sampled token is still on the device is not fed into the next step (its
-  drafts need that token): it runs in turn, the rows that do not draft keep the overlapped loop.
+- `waits(seq, running)`: a drafting row whose sampled token is still on the device is not fed into the next step
+  (its drafts need that token) while it is copying (the tail of its known tokens occurred before) and a step of
+  `running` rows has room for drafts: it runs in turn, the other rows keep the overlapped loop (a row writing
+  new text loses nothing to drafting).
 - `draft(rows, pool)`: after the scheduler planned a step, each drafting row that runs exactly its last sampled
   token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its `drafts.DraftLength`, at most what
   `max_tokens` and the context leave, and what keeps the step within `max_tokens` tokens, the largest verify
@@ -61,8 +63,10 @@ class Speculator:
             return
         seq.drafts = (NgramIndex(), DraftLength(self.k_max))
 
-    def waits(self, seq: Sequence) -> bool:
-        return seq.drafts is not None and seq.drafts[1].active
+    def waits(self, seq: Sequence, running: int) -> bool:
+        if seq.drafts is None or not seq.drafts[1].active or running >= self.max_tokens:
+            return False  # not drafting, or no room for a draft beside the other rows' tokens
+        return bool(seq.drafts[0].propose(seq.tokens, 1))
 
     def draft(self, rows: list, pool) -> list:
         """The planned rows with drafts added where they can be (see the module docstring)."""
