@@ -118,7 +118,7 @@ def ragged_rows(max_batch: int) -> tuple[int, ...]:
 
 ATTENTION_CHOICES = ("auto", "xla", "pallas")
 SPECULATIVE_CHOICES = ("off", "ngram")
-DRAFT_TOKENS = 6  # the most tokens a row drafts per step (`drafts.DraftLength` adapts it per row)
+DRAFT_TOKENS = 7  # the most tokens a row drafts per step (`drafts.DraftLength` adapts it per row)
 
 
 def verify_buckets(max_step_tokens: int, platform: str) -> tuple[int, ...]:

@@ -64,9 +64,15 @@ class Speculator:
         seq.drafts = (NgramIndex(), DraftLength(self.k_max))
 
     def waits(self, seq: Sequence, running: int) -> bool:
-        if seq.drafts is None or not seq.drafts[1].active or running >= self.max_tokens:
-            return False  # not drafting, or no room for a draft beside the other rows' tokens
-        return bool(seq.drafts[0].propose(seq.tokens, 1))
+        if seq.drafts is None:
+            return False
+        index, length = seq.drafts
+        if not length.active:
+            length.tick()  # its token is fed, so `draft` never sees this step
+            return False
+        if running >= self.max_tokens:
+            return False  # no room for a draft beside the other rows' tokens
+        return bool(index.propose(seq.tokens, 1))
 
     def draft(self, rows: list, pool) -> list:
         """The planned rows with drafts added where they can be (see the module docstring)."""

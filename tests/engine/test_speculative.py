@@ -224,3 +224,30 @@ def test_sampling_with_drafts_follows_the_models_distribution(engines, monkeypat
         table = np.array([[a.count(v) for v in values], [b.count(v) for v in values]])
         assert table.shape[1] >= 3, table
         assert chi2_contingency(table).pvalue > 0.01, (index, table)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_row_whose_drafts_keep_failing_pauses_then_drafts_again(engines, monkeypatch, overlap):
+    """Drafts the model never takes: after `STOP_AFTER` misses the row stops drafting for a pause counted in its
+    decoded tokens, in the overlapped loop too (where its tokens are fed from the device), then drafts again."""
+    from jaxchat.engine.drafts import FIRST_PAUSE, NgramIndex
+    from jaxchat.engine.speculate import Speculator
+
+    on, off, grammar = engines
+    prompt, sampling = "abcabcabc", SamplingParams(max_tokens=3 * STOP_AFTER + FIRST_PAUSE + 8, ignore_eos=True)
+    written = run(off, grammar, [(prompt, sampling, "none")])[0][0]
+    n_prompt = len(TOK.encode(prompt))
+    monkeypatch.setattr(NgramIndex, "propose",  # the token after the model's own: never accepted
+                        lambda self, tokens, k: [(written[len(tokens) - n_prompt] + 1) % 256]
+                        if len(tokens) - n_prompt < len(written) else [])
+    original, verifications = Speculator.verified, []
+
+    def counting(self, seq, row, tokens):
+        verifications.append(seq.generated)
+        return original(self, seq, row, tokens)
+
+    monkeypatch.setattr(Speculator, "verified", counting)
+    monkeypatch.setattr(on.scheduler, "overlap", overlap)
+    assert run(on, grammar, [(prompt, sampling, "none")])[0][0] == written
+    assert len(verifications) > STOP_AFTER, verifications  # it drafted again after the pause
+    assert verifications[STOP_AFTER] - verifications[STOP_AFTER - 1] >= FIRST_PAUSE  # after a pause
