@@ -136,6 +136,10 @@ class Scheduler:
             self._aborts.clear()
         if aborts:
             self._apply_aborts(aborts)
+        if self._inflight is not None and any(seq.inflight and not seq.fed and self.speculator.waits(
+                seq, len(self.running)) for seq in self.running):
+            previous, self._inflight = self._inflight, None  # a copying row drafts after its token: take it first
+            self.complete(previous)
         plan = self.schedule()
         if plan.rows:
             plan = plan._replace(key=self.runner.launch([row.input for row in plan.rows]))
@@ -377,6 +381,7 @@ class Scheduler:
                     n = self.speculator.verified(seq, row, [out.tokens[j] for j in own])
                     rows.append((seq, out, list(own[:n])))
                 else:
+                    self.speculator.decoded(seq)
                     rows.append((seq, out, [positions[i][-1]]))
             self.tokens.take_all(rows)
         self._key_pages(plan)

@@ -4,10 +4,11 @@ Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it
 - `start(seq)` at a request's first admission: a request drafts unless it has a repetition, presence or
   frequency penalty or asks for logprobs, or its constraint cannot fill masks ahead (`draft_masks`); the reason
   is logged (debug) and the request decodes as usual.
-- `waits(seq, running)`: a drafting row whose sampled token is still on the device is not fed into the next step
-  (its drafts need that token) while it is copying (the tail of its known tokens occurred before) and a step of
-  `running` rows has room for drafts: it runs in turn, the other rows keep the overlapped loop (a row writing
-  new text loses nothing to drafting).
+- `waits(seq, running)`: whether a drafting row whose sampled token is still on the device needs that token on
+  the host before the next step is planned (its drafts follow it): while it is copying (the tail of its known
+  tokens occurred before) and a step of `running` rows has room for drafts. The scheduler then takes the
+  in-flight step's tokens before planning (that step is not overlapped); rows writing new text keep the
+  overlapped loop. `decoded(seq)`: a token taken without drafts (a paused row's pause counts down).
 - `draft(rows, pool)`: after the scheduler planned a step, each drafting row that runs exactly its last sampled
   token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its `drafts.DraftLength`, at most what
   `max_tokens` and the context leave, and what keeps the step within `max_tokens` tokens, the largest verify
@@ -67,10 +68,7 @@ class Speculator:
         if seq.drafts is None:
             return False
         index, length = seq.drafts
-        if not length.active:
-            length.tick()  # its token is fed, so `draft` never sees this step
-            return False
-        if running >= self.max_tokens:
+        if not length.active or running >= self.max_tokens:
             return False  # no room for a draft beside the other rows' tokens
         return bool(index.propose(seq.tokens, 1))
 
@@ -90,7 +88,6 @@ class Speculator:
                 continue
             index, length = seq.drafts
             if not length.active:
-                length.tick()
                 out.append(planned)
                 continue
             s = seq.req.sampling
@@ -115,6 +112,11 @@ class Speculator:
             out.append(planned._replace(input=row._replace(tokens=[*row.tokens, *drafts], pages=list(seq.pages),
                                                            drafts=len(drafts))))
         return out
+
+    def decoded(self, seq: Sequence) -> None:
+        """A token of `seq` was taken from a step without drafts for it: a paused row counts down its pause."""
+        if seq.drafts is not None and not seq.drafts[1].active:
+            seq.drafts[1].tick()
 
     def verified(self, seq: Sequence, row: RowInput, tokens: Seq[int]) -> int:
         drafts = row.tokens[len(row.tokens) - row.drafts:]

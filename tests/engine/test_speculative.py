@@ -182,9 +182,9 @@ def test_a_draft_the_grammar_rejects_midway_is_cut_and_the_output_is_unchanged(e
 
 
 def test_sampling_with_drafts_follows_the_models_distribution(engines, monkeypatch):
-    """Temperature 1, top-k 6: 400 requests without drafts and 400 with (other seeds, so the two samples are
-    independent). The drafts are fixed: at each of the second and third tokens, the token closest to a third of
-    the samples without drafts, so they are accepted some of the time and rejected the rest. The second and
+    """Temperature 1, top-k 6: 600 requests without drafts and 600 with (other seeds, so the two samples are
+    independent). The drafts are fixed: at each of the second and third tokens, the most frequent token of the
+    samples without drafts, so they are accepted some of the time and rejected the rest. The second and
     third output tokens' distributions must agree: a chi-squared test of homogeneity, p > 0.01 for each."""
     from scipy.stats import chi2_contingency
 
@@ -192,25 +192,24 @@ def test_sampling_with_drafts_follows_the_models_distribution(engines, monkeypat
 
     _, _, grammar = engines
     model = FakeModel(TOK, eos=(EOS,))
-    model.params["head"] = model.params["head"] * 0.15  # flatter logits: several likely tokens at each position
+    model.params["head"] = model.params["head"] * 0.3  # flatter logits: several likely tokens at each position
     shapes = {"max_batch": 4, "max_context": 64, "step_token_buckets": (16,), "decode_rows": (4,), "start": False,
               "warmup": False}
     on, off = Engine(model, **shapes, speculative="ngram", draft_tokens=2), Engine(model, **shapes)
-    prompt, n = "abcabcabcabcabc", 400
+    prompt, n = "abcabcabcabcabc", 600
 
     def outputs(engine, first_seed):
         out = []
-        for base in range(first_seed, first_seed + n, 4):
-            reqs = [(prompt, SamplingParams(max_tokens=4, temperature=1.0, top_k=6, seed=base + j, ignore_eos=True),
-                     "none") for j in range(4)]
-            out += [tokens for tokens, _, _ in run(engine, grammar, reqs).values()]
+        for seed in range(first_seed, first_seed + n):  # one at a time: no other row's prompt takes the step
+            req = (prompt, SamplingParams(max_tokens=4, temperature=1.0, top_k=6, seed=seed, ignore_eos=True), "none")
+            out += [tokens for tokens, _, _ in run(engine, grammar, [req]).values()]
         return out
 
     without = outputs(off, 0)
     drafts = []
     for index in (1, 2):
         column = [o[index] for o in without]
-        drafts.append(min(set(column), key=lambda v: abs(column.count(v) / n - 1 / 3)))
+        drafts.append(max(set(column), key=column.count))
     monkeypatch.setattr(NgramIndex, "propose", lambda self, tokens, k: drafts[:k])
     drafted, accepted = on.scheduler.speculator.drafted, on.scheduler.speculator.accepted
     with_drafts = outputs(on, 10_000)
