@@ -70,10 +70,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="attention backend: xla (the jnp ragged path), pallas (JAX's Pallas TPU kernel; off TPU "
                             "under Pallas' interpreter: slow, exact, for checking); auto: pallas on TPU where the "
                             "kernel runs the model, else xla")
-    serve.add_argument("--speculative", choices=("off", "ngram"), default=None,
+    serve.add_argument("--speculative", choices=("auto", "off", "ngram"), default="auto",
                        help="speculative decoding: ngram drafts tokens from the request's own context (prompt "
-                            "lookup) and verifies them in one step under the grammar; greedy outputs are unchanged "
-                            "(default: off)")
+                            "lookup) and verifies them in one step under the grammar; greedy outputs are unchanged. "
+                            "auto: ngram on CPU, off on TPU/GPU (not yet measured there)")
     serve.add_argument("--no-overlap", action="store_true",
                        help="take each step's tokens before launching the next (default: the host takes them and "
                             "fills the grammar masks while the next step's forward runs)")
@@ -142,8 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
                        jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
                        page_size=args.page_size, max_step_tokens=args.max_step_tokens, attention=args.attention,
                        overlap=not args.no_overlap)
-    if args.speculative is not None:
-        engine_args["speculative"] = args.speculative
+    engine_args["speculative"] = args.speculative
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
                            else min(BURST_GAP_S, args.burst_window_ms / 1000))

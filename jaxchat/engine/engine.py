@@ -32,7 +32,7 @@ Contract:
   window (`arrivals`).
 - `attention` ("auto", "xla", "pallas"; `attention_backend`): the jnp ragged attention everywhere, or JAX's
   Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact).
-- `speculative` ("off", "ngram"): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
+- `speculative` ("off", "ngram", "auto": `default_speculative`, ngram on CPU only): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
   (`speculate`), verified in "verify" steps (8 tokens on CPU, 16 or 64 on accelerators; `verify_buckets`; a
   sampled token at every position) under the grammar's mask at
   every position; greedy outputs are unchanged, sampled ones keep the model's distribution.
@@ -117,7 +117,13 @@ def ragged_rows(max_batch: int) -> tuple[int, ...]:
 
 
 ATTENTION_CHOICES = ("auto", "xla", "pallas")
-SPECULATIVE_CHOICES = ("off", "ngram")
+SPECULATIVE_CHOICES = ("auto", "off", "ngram")
+
+
+def default_speculative(platform: str) -> str:
+    """What `speculative="auto"` runs: ngram on CPU, where bench/speculative.py shows it pays at batch 1 and costs
+    nothing at 16 (docs/benchmarks.md); off on accelerators until a device run there shows the same."""
+    return "ngram" if platform == "cpu" else "off"
 DRAFT_TOKENS = 7  # the most tokens a row drafts per step (`drafts.DraftLength` adapts it per row)
 
 
@@ -259,6 +265,8 @@ class Engine:
         params = jax.device_put(model.params, shardings)
         if speculative not in SPECULATIVE_CHOICES:
             raise ValueError(f"speculative {speculative!r}: choose one of {', '.join(SPECULATIVE_CHOICES)}")
+        if speculative == "auto":
+            speculative = default_speculative(mesh_platform(self.mesh))
         page = page_size or default_page_size(self.mesh)
         backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page)
         step_model = (model.step_model(params, mesh_platform(self.mesh), layout="unrolled")

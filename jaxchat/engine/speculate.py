@@ -6,17 +6,18 @@ Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it
   is logged (debug) and the request decodes as usual.
 - `waits(seq, running)`: whether a drafting row whose sampled token is still on the device needs that token on
   the host before the next step is planned (its drafts follow it): while it is copying (the tail of its known
-  tokens occurred before) and a step of `running` rows has room for drafts. The scheduler then takes the
-  in-flight step's tokens before planning (that step is not overlapped); rows writing new text keep the
-  overlapped loop. `decoded(seq)`: a token taken without drafts (a paused row's pause counts down).
-- `draft(rows, pool)`: after the scheduler planned a step, each drafting row that runs exactly its last sampled
-  token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its `drafts.DraftLength`, at most what
-  `max_tokens` and the context leave, and what keeps the step within `max_tokens` tokens, the largest verify
-  step). A row with planned forced tokens (jump-forward off: its masks are pinned to them) does not draft.
-  Its constraint fills the mask of every position (`draft_masks`: the grammar advanced through the
-  drafts, then rolled back; a draft token it rejects ends the draft there). The row's pages are extended to
-  hold the drafts (free or evictable pages only: no preemption for a draft). A row with drafts samples at every
-  position (`RowInput.drafts`).
+  tokens occurred before) and a step of `running` rows has room for drafts (at most `max_rows`, max_tokens //
+  4). The scheduler then takes the in-flight step's tokens before planning (that step is not overlapped); rows
+  writing new text keep the overlapped loop. `decoded(seq)`: a token taken without drafts (a paused row's
+  pause counts down).
+- `draft(rows, pool)`: after the scheduler planned a step of at most `max_rows` rows, each drafting row that
+  runs exactly its last sampled token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its
+  `drafts.DraftLength`, at most what `max_tokens` and the context leave, and what keeps the step within
+  `max_tokens` tokens, the largest verify step). A row with planned forced tokens (jump-forward off: its masks
+  are pinned to them) does not draft. Its constraint fills the mask of every position (`draft_masks`: the
+  grammar advanced through the drafts, then rolled back; a draft token it rejects ends the draft there). The
+  row's pages are extended to hold the drafts (free or evictable pages only: no preemption for a draft). A row
+  with drafts samples at every position (`RowInput.drafts`).
 - `verified(seq, row, tokens)`: the tokens sampled at the row's positions; the drafts are accepted while each
   equals the token sampled before it (greedy: the argmax; with temperature the sampler's rejection step, see
   `sampler`), and the token after the last accepted draft is the row's next one. Returns how many of `tokens`
@@ -45,6 +46,12 @@ class Speculator:
         self.accepted = 0
 
     @property
+    def max_rows(self) -> int:
+        """The most rows a step with drafts runs: each drafting row needs room for a few drafts (2 rows in a CPU
+        verify step of 8 tokens, 16 in one of 64)."""
+        return self.max_tokens // 4
+
+    @property
     def on(self) -> bool:
         return self.k_max > 0 and self.max_tokens > 1
 
@@ -68,8 +75,8 @@ class Speculator:
         if seq.drafts is None:
             return False
         index, length = seq.drafts
-        if not length.active or running >= self.max_tokens:
-            return False  # no room for a draft beside the other rows' tokens
+        if not length.active or running > self.max_rows:
+            return False  # no room for drafts beside the other rows' tokens
         return bool(index.propose(seq.tokens, 1))
 
     def draft(self, rows: list, pool) -> list:
@@ -77,7 +84,7 @@ class Speculator:
         if not self.on or not any(row.seq.drafts is not None for row in rows):
             return rows
         used = sum(len(row.input.tokens) for row in rows)
-        if used >= self.max_tokens or len(rows) > self.max_tokens:
+        if used >= self.max_tokens or len(rows) > self.max_rows:
             return rows
         out = []
         for planned in rows:
