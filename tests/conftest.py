@@ -16,7 +16,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # Tests that bound wall time, count compiles on a shared service or signal servers: scripts/test.sh runs
-# them alone after the rest, which it runs on 2 workers.
+# them alone after the rest, which it runs on 2 workers. These folders are marked whole here; a timing-sensitive
+# test elsewhere carries `@pytest.mark.serial` itself (tests/engine/test_bursts.py).
 SERIAL = ("tests/reliability/", "tests/server/")
 
 

@@ -1,8 +1,11 @@
-"""DESIGN.md's import rules, and no import cycle anywhere in `jaxchat/`.
+"""The import rules of docs/design.md, and no import cycle anywhere in `jaxchat/`.
+
+The rules are stated once, here (`ALLOWED`, `BLOCKED`); docs/design.md's package table summarises them and
+names this file as their authority.
 
 Two checks, each of which can fail on its own:
 - Statically, every `import` statement in every module (inside functions too) is read with `ast`:
-  each package may import only the `jaxchat` packages its row of DESIGN.md's table allows, none of
+  each package may import only the `jaxchat` packages its row of `ALLOWED` allows, none of
   the libraries it must not load (starlette in `jaxchat.api` and `jaxchat.llm`, jax in the server,
   ...), and the module graph (an edge per imported module; `from pkg import name` is an edge to
   `pkg.name` when that is a module, else to `pkg`) has no cycle.
@@ -24,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxchat"
 LEAVES = ("jaxchat.assets", "jaxchat.bitmask")  # stdlib-level helpers any layer above chat may use
 
-# The jaxchat modules each part may import directly (DESIGN.md's table); a part not listed may import anything.
-# The engine's row in DESIGN.md allows `constrain` for the constraint protocol; that protocol is
-# `jaxchat.engine.types.Constraint` (structural typing), since constrain imports chat, which the engine
-# may not reach even indirectly.
+# The jaxchat modules each part may import directly (docs/design.md's table summarises these); a part not
+# listed may import anything. The engine's row in docs/design.md allows `constrain` for the constraint protocol;
+# that protocol is `jaxchat.engine.types.Constraint` (structural typing), since constrain imports chat, which the
+# engine may not reach even indirectly.
 ALLOWED = {
     "jaxchat.chat": ("jaxchat.chat",),
     "jaxchat.constrain": ("jaxchat.constrain", "jaxchat.chat", *LEAVES),

@@ -196,6 +196,25 @@ def mesh_platform(mesh: Mesh) -> str:
     return platforms.pop() if len(platforms) == 1 else "mixed"
 
 
+def pool_shardings(pools: Any, mesh: Mesh, head_axis: int, num_pages: int) -> Any:
+    """The shardings of the pool arrays `pools` on the engine's 1-D 'tp' `mesh`: axis `head_axis` (kv heads, or
+    a state's channels) over 'tp' when it divides by the device count, else a KV pool's page axis (the one before,
+    `num_pages` long) when the pages divide, else replicated. `StepRunner` places its pools so, and model tests
+    (`tests/models/paged.py`) place theirs with it."""
+    n_dev = mesh.devices.size
+
+    def sharding(x) -> NamedSharding:
+        if x.ndim > head_axis and x.shape[head_axis] % n_dev == 0:
+            axis = head_axis  # kv heads (or state channels)
+        elif n_dev > 1 and x.ndim > head_axis and x.shape[head_axis - 1] == num_pages and num_pages % n_dev == 0:
+            axis = head_axis - 1  # more devices than kv heads: the pages
+        else:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, P(*("tp" if a == axis else None for a in range(x.ndim))))
+
+    return jax.tree.map(sharding, pools)
+
+
 def rows_of(key: tuple) -> int:
     """The row count of a program key."""
     return key[1] if key[0] in ("decode", "sample") else key[2]
@@ -283,18 +302,7 @@ class StepRunner:
             params = {**params, HEAD_VD: model.vocab_major_head(params, mesh)}
         pools = model.new_pools(backend, num_pages, self.page_size, max_batch)
         head_axis = 2 if model.layout == "stacked" else 1  # kv heads (or state channels) of every pool array
-        n_dev = mesh.devices.size
-
-        def pool_sharding(x) -> NamedSharding:
-            if x.ndim > head_axis and x.shape[head_axis] % n_dev == 0:
-                axis = head_axis  # kv heads (or state channels)
-            elif n_dev > 1 and x.ndim > head_axis and x.shape[head_axis - 1] == num_pages and num_pages % n_dev == 0:
-                axis = head_axis - 1  # more devices than kv heads: the pages
-            else:
-                return rep
-            return NamedSharding(mesh, P(*("tp" if a == axis else None for a in range(x.ndim))))
-
-        state_sh = DeviceState(jax.tree.map(pool_sharding, pools), rep, rep, rep)
+        state_sh = DeviceState(pool_shardings(pools, mesh, head_axis, num_pages), rep, rep, rep)
         param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
         self.params = jax.device_put(params, param_sh)
         b, v = max_batch, vocab_size

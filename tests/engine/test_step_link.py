@@ -65,7 +65,7 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     leader.stop()
     done = threading.Thread(target=follow, args=(replica, follower))
     done.start()
-    done.join(timeout=10)
+    done.join(timeout=60)
     assert not done.is_alive()
     assert [c[0] for c in replica.calls] == ["run", "run"]
     assert same(replica.calls, runner.calls)
@@ -75,7 +75,7 @@ def test_a_follower_that_exits_is_lost_at_once_and_later_steps_raise():
     lost = []
     leader, follower = linked(on_lost=lost.append)
     follower._sock.shutdown(socket.SHUT_RDWR)  # as the kernel does for a process that exits
-    assert leader.wait_lost(5) and "connection closed" in lost[0]
+    assert leader.wait_lost(60) and "connection closed" in lost[0]
     with pytest.raises(ClusterLost):
         BroadcastRunner(RecordingRunner(), leader).run([])
 
@@ -84,10 +84,11 @@ def test_a_silent_follower_is_lost_after_the_heartbeat_timeout(monkeypatch):
     monkeypatch.setattr(step_link, "LOST_AFTER_S", 0.5)
     lost = []
     lead_end, silent = socket.socketpair()  # connected, never sends a heartbeat
+    t0 = time.monotonic()  # before the link exists: its timeout cannot have started earlier
     leader = LeaderLink({1: lead_end}, lost.append)
-    t0 = time.monotonic()
-    assert leader.wait_lost(5)
-    assert 0.4 < time.monotonic() - t0 < 3 and "stopped answering" in lost[0]
+    assert leader.wait_lost(60)  # a guard against a hang, not a bound: only the lower bound is asserted
+    # not before the timeout (a load can only make it later), and by the timeout, not a closed connection
+    assert time.monotonic() - t0 >= 0.5 and "stopped answering" in lost[0]
     silent.close()
 
 
@@ -105,4 +106,4 @@ def test_the_follower_notices_when_process_0_is_gone():
     leader._stopping = True
     for sock in leader._sockets.values():
         sock.shutdown(socket.SHUT_RDWR)
-    assert gone.wait(5)
+    assert gone.wait(60)

@@ -8,8 +8,9 @@ persist between calls, so a prefill then one-token calls run through the pages a
 `run_ragged(rows, runs)` runs one ragged step instead: rows of different token counts packed back to back
 (what the engine's steps are), for models whose caches are all positional. `rows(..., first_row=k)` runs the
 step's B rows as rows k .. k + B - 1 of the pool (their pages and state slots: the rest are left alone), and
-`rows.place(mesh)` puts the pools on a mesh as the engine's step runner does (each array's kv heads, or a state's
-channels, over 'tp' where their count divides by its size; otherwise replicated).
+`rows.place(mesh)` puts the pools on the engine's 1-D 'tp' mesh with the engine's own rule
+(`jaxchat.engine.step.pool_shardings`: kv heads, or a state's channels, over 'tp' where their count divides, else
+the pages, else replicated).
 """
 
 from __future__ import annotations
@@ -43,21 +44,18 @@ class PagedRows:
         self.ragged_forward = jit(forward)
 
     def place(self, mesh) -> PagedRows:
-        """Put the pools on `mesh` as the engine does (on its 1-D 'tp' mesh): axis `head_axis` (kv heads of a
-        page array, channels or heads of a state array) over 'tp' where it divides by its size, otherwise
-        replicated."""
-        from jax.sharding import NamedSharding
-        from jax.sharding import PartitionSpec as P
+        """Put the pools on `mesh`, the engine's 1-D 'tp' mesh (`jaxchat.engine.step.make_mesh`), as its step
+        runner does (`jaxchat.engine.step.pool_shardings`): kv heads (or a state's channels) over 'tp' where
+        their count divides, else the pages, whose count is rounded up to divide as the engine makes it (the
+        extra pages stay unused). Call it before the first step: the pools are made anew."""
+        from jaxchat.engine.step import pool_shardings
 
+        assert tuple(mesh.axis_names) == ("tp",), f"the engine's pools live on a 1-D 'tp' mesh, not {mesh}"
+        n = mesh.devices.size
+        num_pages = -(-(self.tables.size + 1) // n) * n
+        self.pools = self.lm.new_pools(self.backend, num_pages, self.page_size, self.rows, self.layout)
         head_axis = 2 if self.layout == "stacked" and self.lm.stacked else 1
-        n = dict(mesh.shape).get("tp", 0)
-
-        def sharding(x):
-            if not n or x.ndim <= head_axis or x.shape[head_axis] % n:
-                return NamedSharding(mesh, P())
-            return NamedSharding(mesh, P(*("tp" if a == head_axis else None for a in range(x.ndim))))
-
-        self.pools = jax.device_put(self.pools, jax.tree.map(sharding, self.pools))
+        self.pools = jax.device_put(self.pools, pool_shardings(self.pools, mesh, head_axis, num_pages))
         return self
 
     def step_inputs(self, positions: np.ndarray, first_row: int = 0) -> StepInputs:
