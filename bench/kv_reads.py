@@ -41,7 +41,7 @@ def main() -> None:
     from jaxchat.engine import attention_xla, pool_size
     from jaxchat.engine.attention_xla import XlaAttention
     from jaxchat.engine.scheduler import sampling_values
-    from jaxchat.engine.step import RowInput, StepRunner, make_mesh
+    from jaxchat.engine.step import RowInput, StepRunner, make_mesh, pack_sample, pack_step
     from jaxchat.engine.types import GenerationRequest
 
     if args.random_config:
@@ -87,9 +87,11 @@ def main() -> None:
     def accessed(program, *call_args) -> dict[str, float]:
         return hlo_bytes(program.lower(*call_args).compile())
 
-    forward = accessed(runner._programs[key], runner.params, runner.state, forward_args)
+    forward = accessed(runner._programs[key], runner.params, runner.state, pack_step(forward_args))
     logits = jax.ShapeDtypeStruct((args.rows, model.config.vocab_size), jnp.float32)
-    sample = accessed(runner._programs[("sample", args.rows)], runner.state, logits, sample_args)
+    ints, floats = pack_sample(sample_args)
+    sample = accessed(runner._programs[("sample", args.rows)], runner.state, logits, ints, floats,
+                      sample_args.bitmask)
     params, head_vd = runner.params, runner.params.get("head_vd")
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     if head_vd is not None and model.config.tie_word_embeddings:
