@@ -235,7 +235,7 @@ class Scheduler:
         device (fed) unless that token will end it."""
         if seq.pending:
             return min(len(seq.pending), room)
-        if not seq.inflight or seq.fed or self.speculator.waits(seq, len(self.running)):
+        if not seq.inflight or seq.fed:
             return 0
         last = seq.generated + 1 >= seq.req.sampling.max_tokens or seq.position + 1 >= self.runner.max_context
         return 0 if last else 1
