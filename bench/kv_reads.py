@@ -18,6 +18,7 @@ walk reads the HLO right); the bar is on the touched bytes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     from jaxchat.engine import attention_xla, pool_size
-    from jaxchat.engine.attention_xla import XlaAttention
+    from jaxchat.engine.engine import attention_backend
     from jaxchat.engine.scheduler import sampling_values
     from jaxchat.engine.step import RowInput, StepRunner, make_mesh, pack_sample, pack_step
     from jaxchat.engine.types import GenerationRequest
@@ -58,7 +59,7 @@ def main() -> None:
     per_row = [-(-n // ps) for n in lengths]
     num_pages = sum(per_row) + 1
     step_model = model.step_model(model.params, "cpu")
-    kv_block = max(1, 128 // ps)
+    backend = attention_backend("xla", model.config, "cpu", ps)  # the engine's own CPU backend
 
     def runner_with(backend):
         return StepRunner(step_model, max_batch=args.rows, max_context=args.long, vocab_size=model.config.vocab_size,
@@ -66,7 +67,7 @@ def main() -> None:
                           num_pages=num_pages, token_buckets=(16,), decode_rows=(args.rows,),
                           ragged_rows=(args.rows,))
 
-    runner = runner_with(XlaAttention(ps, kv_block=kv_block))
+    runner = runner_with(backend)
     pages = iter(range(1, num_pages))
     values = sampling_values(GenerationRequest([1]))
     rows = [RowInput(slot=i, tokens=[1], start=n - 1, pages=[next(pages) for _ in range(k)], fresh=False,
@@ -76,11 +77,14 @@ def main() -> None:
     forward_args, sample_args = runner.pack(key, rows)
     # the number of loop iterations this step runs: the plan the step itself builds, evaluated here
     blocks = attention_xla.decode_blocks(jax.tree.map(jnp.asarray, forward_args.step))
+    kv_block = backend.kv_block_of(blocks)
+    keys = jax.tree.leaves(runner.state.pools)[0]  # [pages, KV, D, page] (or a layer axis before)
+    item_bytes = kv_block * keys.shape[-3] * keys.shape[-2] * keys.shape[-1] * keys.dtype.itemsize
     items = attention_xla.plan_items(blocks, jnp.asarray(forward_args.step.page_tables), ps, kv_block, None,
-                                     attention_xla.items_per_iteration(blocks))
+                                     attention_xla.items_per_iteration(blocks, item_bytes, backend.iteration_bytes))
     trips = int(items.trips)
     runner.release()
-    runner = runner_with(XlaAttention(ps, kv_block=kv_block, trip_counts=(trips,)))
+    runner = runner_with(dataclasses.replace(backend, trip_counts=(trips,)))
 
     from bench.hlo_bytes import hlo_bytes
 
