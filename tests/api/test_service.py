@@ -53,6 +53,12 @@ class ScriptedEngine:
         yield GenerationOutput("r", [1], text, True, finish, stop_reason, num_prompt_tokens=len(request.prompt_ids),
                                num_generated_tokens=1)
 
+    def expect_request(self) -> None:  # gathers no bursts
+        return None
+
+    def prompt_fits(self, tokens: int) -> bool:
+        return True
+
     def shutdown(self) -> None:
         self.stopped = True
 
@@ -166,11 +172,11 @@ def test_a_template_that_refuses_the_messages_is_a_400():
 
 
 def test_ignore_eos_keeps_only_the_requests_stop_tokens(engine):
-    service = ChatService(engine, "words")
-    service.stop_token_ids = (9,)  # as a format's turn-end markers would be
-    assert service._sampling(Sampling(stop_token_ids=(5,)), 3).stop_token_ids == (5, 9)
-    assert service._sampling(Sampling(stop_token_ids=(5,), ignore_eos=True), 3).stop_token_ids == (5,)
-    assert service._sampling(Sampling(max_tokens=100), 60).max_tokens == 4  # the room the prompt leaves
+    pipeline = ChatService(engine, "words").pipeline
+    pipeline.stop_token_ids = (9,)  # as a format's turn-end markers would be
+    assert pipeline.sampling(Sampling(stop_token_ids=(5,)), 3).stop_token_ids == (5, 9)
+    assert pipeline.sampling(Sampling(stop_token_ids=(5,), ignore_eos=True), 3).stop_token_ids == (5,)
+    assert pipeline.sampling(Sampling(max_tokens=100), 60).max_tokens == 4  # the room the prompt leaves
 
 
 def test_completion_echo_and_streamed_choices(client, engine):
