@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 from starlette.testclient import TestClient
 
-from jaxchat.api import ChatService, Sampling
+from jaxchat.api import ChatPipeline, ChatService, Sampling, ServingEngine
 from jaxchat.engine.types import GenerationOutput
 from jaxchat.llm import LLM
-from jaxchat.server import create_app
+from jaxchat.server import ServingBackend, create_app
 from tests.server.helpers import assert_error, sse_events
 
 WORDS = {"hello": 0, "world": 1, "<eos>": 2}
@@ -197,3 +197,17 @@ def test_llm_generate_refuses_unknown_options(engine):
     finally:
         llm.close()
     assert engine.stopped
+
+
+def test_the_service_composes_a_pipeline_and_is_a_serving_backend(engine):
+    """`ChatService` holds one pipeline and an adapter per wire API (no API is a base class), supports every
+    API, and refuses an engine that is not a `ServingEngine`."""
+    service = ChatService(engine, "words")
+    assert ChatService.__bases__ == (object,)
+    assert isinstance(service, ServingBackend) and service.supports_responses and service.supports_messages
+    assert isinstance(engine, ServingEngine) and isinstance(service.pipeline, ChatPipeline)
+    assert {a.pipeline for a in (service.chats, service.texts, service.responses, service.anthropic)} == {service.pipeline}
+    assert service.engine is engine and service.max_context == 64 and service.expect_request() is None
+
+    with pytest.raises(TypeError, match="ServingEngine"):
+        ChatService(SimpleNamespace(tokenizer=engine.tokenizer, model=engine.model), "bare")
