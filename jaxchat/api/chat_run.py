@@ -1,7 +1,7 @@
 """One chat request running through engine and parser: the per-choice updates every stream is written from.
 
-Contract: `ChatRun(service, request)` prepares the request (`service.prepare_chat`: every 400 that
-needs the model), builds one constraint per choice and starts the engine requests, so whatever can
+Contract: `ChatRun(pipeline, request)` prepares the request on the `ChatPipeline` (`prepare_chat`: every
+400 that needs the model), builds one constraint per choice and starts the engine requests, so whatever can
 be a 400 is raised by the constructor, before any output; construct it inside the event loop.
 `updates()` yields one `ChoiceUpdate` per engine delta of any choice (choices interleave as the engine
 produces them): the parser's `ChatMsgDelta`s (prefixes by construction, `ChatStream`), the engine's
@@ -10,7 +10,7 @@ before the end of its turn is read as the stream read it and keeps the engine's 
 `jaxchat.api.cut`), the engine's stop reason, the parsed message and its token counts. A failed
 generation is one update with `failed` set (after that choice's last deltas); nothing follows it.
 Ending or closing `updates()` cancels the engine requests, which aborts them. Chat chunks
-(`ChatService.chat_completion_stream`), Responses events (`jaxchat.api.responses`) and Messages
+(`jaxchat.api.chat_completions`), Responses events (`jaxchat.api.responses`) and Messages
 events (`jaxchat.api.messages_api`) are all written from these updates.
 """
 
@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from jaxchat.api.cut import cut_finish_reason
+from jaxchat.api.pipeline import ChatPipeline, calls_only
 from jaxchat.api.request import ChatRequest
 from jaxchat.chat import ChatMsg, ChatMsgDelta, ChatStream
 
@@ -46,15 +47,14 @@ class ChoiceUpdate:
 
 
 class ChatRun:
-    def __init__(self, service, request: ChatRequest) -> None:
-        self.service = service
+    def __init__(self, pipeline: ChatPipeline, request: ChatRequest) -> None:
+        self.pipeline = pipeline
         self.request = request
-        self.prepared = prepared = service.prepare_chat(request)
-        gens = service._requests(prepared.prompt_ids, prepared.sampling, prepared.n,
-                                 lambda: service._constraint(prepared))
+        self.prepared = prepared = pipeline.prepare_chat(request)
+        gens = pipeline.chat_requests(prepared)
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._tasks = [asyncio.ensure_future(service._pump(i, g, self._queue)) for i, g in enumerate(gens)]
-        self.parsers = [ChatStream(service.spec, prepared.options) for _ in gens]
+        self._tasks = [asyncio.ensure_future(pipeline.pump(i, g, self._queue)) for i, g in enumerate(gens)]
+        self.parsers = [ChatStream(pipeline.spec, prepared.options) for _ in gens]
         for parser in self.parsers:
             parser.update(prepared.prefill, False)
 
@@ -65,10 +65,10 @@ class ChatRun:
     @property
     def calls_only(self) -> bool:
         """tool_choice "required" or named: the reply is tool calls, so a chat `content` is null."""
-        return self.prepared.options.parse_tool_calls and self.prepared.constraint.tool_choice == "required"
+        return calls_only(self.prepared)
 
     async def updates(self) -> AsyncIterator[ChoiceUpdate]:
-        svc, done = self.service, 0
+        pipeline, done = self.pipeline, 0
         try:
             while done < len(self._tasks):
                 index, out = await self._queue.get()
@@ -76,7 +76,7 @@ class ChatRun:
                     yield ChoiceUpdate(index, failed=True)
                     return
                 parser = self.parsers[index]
-                cut = out.finished and svc._was_cut(self.request, self.prepared, out.finish_reason, out.stop_reason)
+                cut = out.finished and pipeline.was_cut(self.request, self.prepared, out.finish_reason, out.stop_reason)
                 deltas = tuple(parser.update(out.text, out.finished and out.finish_reason != "error" and not cut))
                 if out.finished and out.finish_reason == "error":
                     log.error("request failed: %s", out.error)
@@ -88,7 +88,7 @@ class ChatRun:
                 done += 1
                 msg = parser.parsed
                 yield ChoiceUpdate(index, deltas, out.logprobs, True, cut_finish_reason(msg, out.finish_reason, cut),
-                                   msg, out.num_generated_tokens, svc._count_tokens(msg.reasoning_content),
+                                   msg, out.num_generated_tokens, pipeline.count_tokens(msg.reasoning_content),
                                    stop_reason=out.stop_reason, cached_tokens=out.num_cached_tokens)
         finally:
             self.cancel()

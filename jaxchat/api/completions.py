@@ -1,7 +1,7 @@
 """`/v1/completions` on the serving pipeline: a prompt (text or token ids) in, the engine's text out.
 
-Contract: `TextCompletions` is the part of `ChatService` that serves `CompletionRequest`s (it uses the
-service's tokenizer, prompt checks, sampling and engine). `completion(request)` returns a
+Contract: `TextCompletions(pipeline)` serves `CompletionRequest`s on a `ChatPipeline` (its tokenizer,
+prompt checks, sampling and engine). `completion(request)` returns a
 `text_completion` with `n` choices; `completion_stream(request)` a `ChunkStream` of `text_completion`
 chunks (each carries one choice's `index`; `n` choices interleave as the engine produces them), its
 `usage` set at the end and sent as a last chunk only with `include_usage`; `echo` puts the prompt's
@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from jaxchat.api import shapes
 from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.pipeline import ChatPipeline, Generated
 from jaxchat.api.request import CompletionRequest
 from jaxchat.engine.types import GenerationRequest, SamplingParams
 
@@ -26,37 +27,42 @@ __all__ = ["TextCompletions"]
 
 
 class TextCompletions:
-    def _prepare_completion(self, request: CompletionRequest) -> tuple[list[int], SamplingParams, str]:
+    def __init__(self, pipeline: ChatPipeline) -> None:
+        self.pipeline = pipeline
+
+    def _prepare(self, request: CompletionRequest) -> tuple[list[int], SamplingParams, str]:
         """(prompt ids, the engine's sampling parameters, the text `echo` puts first)."""
-        prompt = request.prompt
-        ids = list(prompt) if isinstance(prompt, tuple) else self._encode(prompt, "prompt", True)
-        ids = self._checked_prompt(ids, "prompt")
-        echo = "" if not request.echo else prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)
-        return ids, self._sampling(request.sampling, len(ids)), echo
+        p, prompt = self.pipeline, request.prompt
+        ids = list(prompt) if isinstance(prompt, tuple) else p.encode(prompt, "prompt", True)
+        ids = p.checked_prompt(ids, "prompt")
+        echo = "" if not request.echo else prompt if isinstance(prompt, str) else p.tokenizer.decode(ids)
+        return ids, p.sampling(request.sampling, len(ids)), echo
 
     async def completion(self, request: CompletionRequest) -> dict:
-        ids, sampling, echo = self._prepare_completion(request)
-        results = await asyncio.gather(*(self._collect(g) for g in self._requests(ids, sampling, request.n)))
+        p = self.pipeline
+        ids, sampling, echo = self._prepare(request)
+        results = await asyncio.gather(*(p.collect(g) for g in p.requests(ids, sampling, request.n)))
         choices = [_choice(i, echo + r.text, r.finish_reason) for i, r in enumerate(results)]
         usage = shapes.usage(len(ids), sum(r.num_tokens for r in results),
                              cached_tokens=max(r.cached_tokens for r in results))
-        return shapes.text_completion(shapes.new_id("cmpl"), self.model_id, choices, usage)
+        return shapes.text_completion(shapes.new_id("cmpl"), p.model_id, choices, usage)
 
     def completion_stream(self, request: CompletionRequest) -> ChunkStream:
-        return ChunkStream(lambda stream: self._completion_chunks(request, stream))
+        return ChunkStream(lambda stream: self._chunks(request, stream))
 
-    async def _completion_chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        ids, sampling, echo = self._prepare_completion(request)
+    async def _chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        p = self.pipeline
+        ids, sampling, echo = self._prepare(request)
         rid = shapes.new_id("cmpl")
-        gens = self._requests(ids, sampling, request.n)
+        gens = p.requests(ids, sampling, request.n)
         queue: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.ensure_future(self._pump(i, g, queue)) for i, g in enumerate(gens)]
+        tasks = [asyncio.ensure_future(p.pump(i, g, queue)) for i, g in enumerate(gens)]
         generated, done, started, cached = [0] * len(gens), 0, [False] * len(gens), 0
         try:
             while done < len(gens):
                 index, out = await queue.get()
                 if isinstance(out, BaseException) or (out.finished and out.finish_reason == "error"):
-                    log.error("request failed: %s", getattr(out, "error", out))
+                    log.error("request failed: %s", out if isinstance(out, BaseException) else out.error)
                     yield shapes.generation_failed()
                     return
                 text = out.text if started[index] else echo + out.text
@@ -65,17 +71,17 @@ class TextCompletions:
                 cached = max(cached, out.num_cached_tokens)
                 done += out.finished
                 finish = out.finish_reason if out.finished else None
-                yield shapes.text_completion(rid, self.model_id, [_choice(index, text, finish)], None, chunk=True)
+                yield shapes.text_completion(rid, p.model_id, [_choice(index, text, finish)], None, chunk=True)
             stream.usage = shapes.usage(len(ids), sum(generated), cached_tokens=cached)
             if request.include_usage:
-                yield shapes.text_completion(rid, self.model_id, [], stream.usage, chunk=True)
+                yield shapes.text_completion(rid, p.model_id, [], stream.usage, chunk=True)
         finally:
             for task in tasks:
                 task.cancel()
 
-    async def generate(self, request: CompletionRequest):
-        ids, sampling, _ = self._prepare_completion(request)
-        return await self._collect(GenerationRequest(ids, sampling))
+    async def generate(self, request: CompletionRequest) -> Generated:
+        ids, sampling, _ = self._prepare(request)
+        return await self.pipeline.collect(GenerationRequest(ids, sampling))
 
 
 def _choice(index: int, text: str, finish_reason: str | None) -> dict:

@@ -13,7 +13,7 @@ get to finish after SIGTERM before they are ended with an error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 
 __all__ = ["Limits"]
 
@@ -36,15 +36,14 @@ class Limits:
     shutdown_grace_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "shutdown_grace_s":
+        for name, value in asdict(self).items():
+            if name == "shutdown_grace_s":
                 if value < 0:
                     raise ValueError(f"Limits.shutdown_grace_s must not be negative, got {value}")
-            elif f.name != "max_stop" and value < 1:
-                raise ValueError(f"Limits.{f.name} must be at least 1, got {value}")
+            elif name != "max_stop" and value < 1:
+                raise ValueError(f"Limits.{name} must be at least 1, got {value}")
             elif value < 0:
-                raise ValueError(f"Limits.{f.name} must not be negative, got {value}")
+                raise ValueError(f"Limits.{name} must not be negative, got {value}")
         if self.max_json_depth <= self.max_schema_depth + 4:  # a tool schema sits 4 containers deep in a body
             raise ValueError(f"Limits.max_json_depth ({self.max_json_depth}) must exceed max_schema_depth + 4 "
                              f"({self.max_schema_depth + 4}), so that a deep schema is refused naming its param")

@@ -1,6 +1,6 @@
 """`/v1/messages` on the serving pipeline: a Messages body's `ChatRequest` in, an Anthropic message or events out.
 
-Contract: `MessagesApi` is the part of `ChatService` that serves the Anthropic Messages API; it runs
+Contract: `MessagesApi(pipeline)` serves the Anthropic Messages API on a `ChatPipeline`; it runs
 the `ChatRequest` `jaxchat.api.parse_messages_request` read (same template, grammar, engine and
 parser as chat completions) and writes the result with `jaxchat.api.messages_shapes`.
 `messages(request)` returns the `message` object, from the message `complete_chat` parsed once;
@@ -20,26 +20,30 @@ from jaxchat.api import messages_shapes as ms
 from jaxchat.api import shapes
 from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.pipeline import ChatPipeline
 from jaxchat.api.request import ChatRequest
 
 __all__ = ["MessagesApi"]
 
 
 class MessagesApi:
+    def __init__(self, pipeline: ChatPipeline) -> None:
+        self.pipeline = pipeline
+
     async def messages(self, request: ChatRequest) -> dict:
-        prepared, results = await self.complete_chat(request)
+        prepared, results = await self.pipeline.complete_chat(request)
         msg, finish, result = results[0]
-        return ms.message_json(self.model_id, msg, finish, result.stop_reason, len(prepared.prompt_ids),
+        return ms.message_json(self.pipeline.model_id, msg, finish, result.stop_reason, len(prepared.prompt_ids),
                                result.num_tokens, request.sampling.stop)
 
     def messages_stream(self, request: ChatRequest) -> ChunkStream:
-        return ChunkStream(lambda stream: self._message_events(request, stream))
+        return ChunkStream(lambda stream: self._events(request, stream))
 
-    async def _message_events(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        run = ChatRun(self, request)  # raises before the first event
+    async def _events(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        run = ChatRun(self.pipeline, request)  # raises before the first event
         blocks = ms.ContentBlocks()
         try:
-            yield ms.message_start_event(self.model_id, run.prompt_tokens)
+            yield ms.message_start_event(self.pipeline.model_id, run.prompt_tokens)
             async for update in run.updates():  # one choice: a Messages request has no `n`
                 for delta in update.deltas:
                     for event in blocks.feed(delta):

@@ -1,6 +1,6 @@
 """`/v1/responses` on the serving pipeline: a `ResponsesRequest` in, a Responses `response` or its events out.
 
-Contract: `ResponsesApi` is the part of `ChatService` that serves the OpenAI Responses API; it runs the
+Contract: `ResponsesApi(pipeline)` serves the OpenAI Responses API on a `ChatPipeline`; it runs the
 request's `chat` (a `ChatRequest`: same template, grammar, engine and parser as chat completions) and
 writes the result with `jaxchat.api.responses_shapes.ResponseWriter`. `response(request)` returns the
 `response` object (status "completed", or "incomplete" with `incomplete_details.reason`
@@ -20,27 +20,32 @@ from jaxchat.api import responses_shapes as rs
 from jaxchat.api import shapes
 from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.pipeline import ChatPipeline
 from jaxchat.api.responses_request import ResponsesRequest
 
 __all__ = ["ResponsesApi"]
 
 
 class ResponsesApi:
+    def __init__(self, pipeline: ChatPipeline) -> None:
+        self.pipeline = pipeline
+
     async def response(self, request: ResponsesRequest) -> dict:
-        prepared, results = await self.complete_chat(request.chat)
+        p = self.pipeline
+        prepared, results = await p.complete_chat(request.chat)
         msg, finish, result = results[0]
-        writer = rs.ResponseWriter(self.model_id, request.echo)
+        writer = rs.ResponseWriter(p.model_id, request.echo)
         writer.feed(rs.message_deltas(msg))
         writer.finish(finish, rs.usage(len(prepared.prompt_ids), result.num_tokens,
-                                       self._count_tokens(msg.reasoning_content), result.cached_tokens))
+                                       p.count_tokens(msg.reasoning_content), result.cached_tokens))
         return writer.response
 
     def response_stream(self, request: ResponsesRequest) -> ChunkStream:
-        return ChunkStream(lambda stream: self._response_events(request, stream))
+        return ChunkStream(lambda stream: self._events(request, stream))
 
-    async def _response_events(self, request: ResponsesRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        run = ChatRun(self, request.chat)  # raises before the first event
-        writer = rs.ResponseWriter(self.model_id, request.echo)
+    async def _events(self, request: ResponsesRequest, stream: ChunkStream) -> AsyncIterator[dict]:
+        run = ChatRun(self.pipeline, request.chat)  # raises before the first event
+        writer = rs.ResponseWriter(self.pipeline.model_id, request.echo)
         try:
             yield writer.created()
             yield writer.in_progress()

@@ -1,7 +1,7 @@
 """`RequestError` and the field checks every request reader shares.
 
 Contract: each check returns the checked (and, where stated, defaulted) value or raises
-`RequestError(param, message)`, which the server answers with HTTP 400. `param` is the path of the
+`RequestError(param, message)` (optionally with a `code`), which the server answers with HTTP 400. `param` is the path of the
 offending field spelled the way the OpenAI API spells it (`tools[2].function.name`, `stop[1]`); the
 message says what was expected and what arrived (`got`). A value of None reads as absent. Booleans
 never pass as numbers, and numbers must be finite. Stdlib only: this is the leaf that the chat
@@ -17,12 +17,13 @@ NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class RequestError(ValueError):
-    """A request the server must answer with HTTP 400."""
+    """A request the server must answer with HTTP 400 (`code`: the error body's machine-readable code, if any)."""
 
-    def __init__(self, param: str | None, message: str):
+    def __init__(self, param: str | None, message: str, code: str | None = None):
         super().__init__(message)
         self.param = param
         self.message = message
+        self.code = code
 
 
 def got(value: object) -> str:

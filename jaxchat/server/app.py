@@ -1,11 +1,13 @@
-"""The OpenAI-compatible Starlette app: routes, auth, errors and metrics around an injected ChatService.
+"""The OpenAI-compatible Starlette app: routes, auth, errors and metrics around an injected ServingBackend.
 
 Contract
 --------
-`create_app(service, api_key=None, limits=Limits())` returns a Starlette app with
+`create_app(service, api_key=None, limits=Limits())` (`service` a `ServingBackend`, checked with `isinstance`:
+a TypeError otherwise) returns a Starlette app with
 `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (the Responses API) and
 `POST /v1/messages` (the Anthropic Messages API, answered by the service's `messages` /
-`messages_stream`, with Anthropic error bodies and no `[DONE]`) (JSON, or SSE with `stream: true`),
+`messages_stream`, with Anthropic error bodies and no `[DONE]`; each of these two is a 404 when the service's
+`supports_responses` / `supports_messages` is false) (JSON, or SSE with `stream: true`),
 `GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
 through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read once by
 `jaxchat.api.parse_chat_request` / `parse_completion_request` / `parse_responses_request` /
@@ -44,6 +46,7 @@ from jaxchat.api import (
 from jaxchat.server.body import read_json_object
 from jaxchat.server.errors import ApiError, error_for_exception
 from jaxchat.server.metrics import CONTENT_TYPE, Metrics
+from jaxchat.server.protocol import ServingBackend
 from jaxchat.server.sse import ClientGone, Drain, SSEStream, run_until_gone
 
 __all__ = ["create_app"]
@@ -53,7 +56,7 @@ ANTHROPIC_ROUTE = "/v1/messages"
 
 
 class _Api:
-    def __init__(self, service, api_key: str | None, limits: Limits) -> None:
+    def __init__(self, service: ServingBackend, api_key: str | None, limits: Limits) -> None:
         self.service = service
         self.key = api_key.encode("utf-8") if api_key else None
         self.limits = limits
@@ -136,8 +139,7 @@ class _Api:
         return SSEStream(chunks, self.drain, on_end, started, **sse)
 
     async def generate(self, request: Request, started: float, parse, complete, complete_stream, **sse) -> Response:
-        expect = getattr(self.service, "expect_request", None)  # an idle engine gathering a burst waits for it
-        arrival = expect() if expect is not None else None
+        arrival = self.service.expect_request()  # an idle engine gathering a burst waits for it
         streaming = False
         try:
             body = await read_json_object(request, self.limits)
@@ -168,14 +170,14 @@ class _Api:
 
     async def responses(self, request: Request, started: float) -> Response:
         svc = self.service
-        if not hasattr(svc, "response"):
+        if not svc.supports_responses:
             raise ApiError(404, "this server's service does not implement the Responses API")
         return await self.generate(request, started, parse_responses_request, svc.response, svc.response_stream)
 
     async def messages(self, request: Request, started: float) -> Response:
         """The Anthropic Messages API: its errors are Anthropic's, its stream ends without `[DONE]`."""
         svc = self.service
-        if not hasattr(svc, "messages"):
+        if not svc.supports_messages:
             raise ApiError(404, "this server's service does not implement the Messages API")
         return await self.generate(request, started, parse_messages_request, svc.messages, svc.messages_stream,
                                    done=False, error_shape=_anthropic_error)
@@ -203,11 +205,9 @@ def _anthropic_error(err: ApiError) -> dict:
     return messages_error_json(err.status, err.message, err.param)
 
 
-def create_app(service, api_key: str | None = None, limits: Limits | None = None) -> Starlette:
-    for name in ("model_id", "max_context", "chat_completion", "chat_completion_stream", "completion",
-                 "completion_stream", "stats"):
-        if not hasattr(service, name):
-            raise TypeError(f"service does not implement ChatService: missing {name!r}")
+def create_app(service: ServingBackend, api_key: str | None = None, limits: Limits | None = None) -> Starlette:
+    if not isinstance(service, ServingBackend):
+        raise TypeError(f"{type(service).__name__} does not implement jaxchat.server.ServingBackend")
     api = _Api(service, api_key, limits or Limits())
     routes = [
         Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
@@ -219,12 +219,12 @@ def create_app(service, api_key: str | None = None, limits: Limits | None = None
         Route("/metrics", api.endpoint(api.prometheus), methods=["GET"]),
     ]
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 500)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        status = exc.status_code
         message = {404: f"no route {request.url.path[:200]!r}", 405: f"method {request.method} is not allowed here"}
-        err = ApiError(status, message.get(status, str(getattr(exc, "detail", "error"))))
+        err = ApiError(status, message.get(status, str(exc.detail)))
         api.metrics.observe_request(request.url.path, status)
-        return JSONResponse(err.body(), status_code=status, headers=getattr(exc, "headers", None) or {})
+        return JSONResponse(err.body(), status_code=status, headers=exc.headers or {})
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         err = error_for_exception(exc, request.url.path)

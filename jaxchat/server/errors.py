@@ -3,8 +3,8 @@
 Contract: every 4xx/5xx the server sends is `{"error": {"message", "type", "param", "code"}}`
 (`jaxchat.api.shapes.error_body`).
 `type` is `invalid_request_error` (400, 404, 405, 413), `authentication_error` (401) or
-`server_error` (500, 503). `RequestError` (`jaxchat.chat`'s, re-exported by `jaxchat.api`) is a 400 carrying its `param` (and its `code`
-attribute when it has one). Any other exception is a 500 whose message is generic: the details, and
+`server_error` (500, 503). `RequestError` (`jaxchat.chat`'s, re-exported by `jaxchat.api`) is a 400 carrying its `param` and its `code`
+(None unless set). Any other exception is a 500 whose message is generic: the details, and
 the traceback, go to the server log only, never to the client.
 """
 
@@ -51,7 +51,6 @@ def error_for_exception(exc: BaseException, where: str = "request") -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, RequestError):
-        code = getattr(exc, "code", None)
-        return ApiError(400, exc.message, exc.param, code if isinstance(code, str) else None)
+        return ApiError(400, exc.message, exc.param, exc.code)
     log.error("unexpected error while handling a %s", where, exc_info=exc)
     return ApiError(500, "The server had an error while processing your request.", code="internal_error")

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 from starlette.testclient import TestClient
 
-from jaxchat.api import ChatService, Sampling
+from jaxchat.api import ChatPipeline, ChatService, Sampling, ServingEngine
 from jaxchat.engine.types import GenerationOutput
 from jaxchat.llm import LLM
-from jaxchat.server import create_app
+from jaxchat.server import ServingBackend, create_app
 from tests.server.helpers import assert_error, sse_events
 
 WORDS = {"hello": 0, "world": 1, "<eos>": 2}
@@ -52,6 +52,12 @@ class ScriptedEngine:
         text, finish, stop_reason = self.reply
         yield GenerationOutput("r", [1], text, True, finish, stop_reason, num_prompt_tokens=len(request.prompt_ids),
                                num_generated_tokens=1)
+
+    def expect_request(self) -> None:  # gathers no bursts
+        return None
+
+    def prompt_fits(self, tokens: int) -> bool:
+        return True
 
     def shutdown(self) -> None:
         self.stopped = True
@@ -166,11 +172,11 @@ def test_a_template_that_refuses_the_messages_is_a_400():
 
 
 def test_ignore_eos_keeps_only_the_requests_stop_tokens(engine):
-    service = ChatService(engine, "words")
-    service.stop_token_ids = (9,)  # as a format's turn-end markers would be
-    assert service._sampling(Sampling(stop_token_ids=(5,)), 3).stop_token_ids == (5, 9)
-    assert service._sampling(Sampling(stop_token_ids=(5,), ignore_eos=True), 3).stop_token_ids == (5,)
-    assert service._sampling(Sampling(max_tokens=100), 60).max_tokens == 4  # the room the prompt leaves
+    pipeline = ChatService(engine, "words").pipeline
+    pipeline.stop_token_ids = (9,)  # as a format's turn-end markers would be
+    assert pipeline.sampling(Sampling(stop_token_ids=(5,)), 3).stop_token_ids == (5, 9)
+    assert pipeline.sampling(Sampling(stop_token_ids=(5,), ignore_eos=True), 3).stop_token_ids == (5,)
+    assert pipeline.sampling(Sampling(max_tokens=100), 60).max_tokens == 4  # the room the prompt leaves
 
 
 def test_completion_echo_and_streamed_choices(client, engine):
@@ -191,3 +197,17 @@ def test_llm_generate_refuses_unknown_options(engine):
     finally:
         llm.close()
     assert engine.stopped
+
+
+def test_the_service_composes_a_pipeline_and_is_a_serving_backend(engine):
+    """`ChatService` holds one pipeline and an adapter per wire API (no API is a base class), supports every
+    API, and refuses an engine that is not a `ServingEngine`."""
+    service = ChatService(engine, "words")
+    assert ChatService.__bases__ == (object,)
+    assert isinstance(service, ServingBackend) and service.supports_responses and service.supports_messages
+    assert isinstance(engine, ServingEngine) and isinstance(service.pipeline, ChatPipeline)
+    assert {a.pipeline for a in (service.chats, service.texts, service.responses, service.anthropic)} == {service.pipeline}
+    assert service.engine is engine and service.max_context == 64 and service.expect_request() is None
+
+    with pytest.raises(TypeError, match="ServingEngine"):
+        ChatService(SimpleNamespace(tokenizer=engine.tokenizer, model=engine.model), "bare")

@@ -1,4 +1,4 @@
-"""A scripted `ChatService` for the server tests: deterministic replies, recorded aborts, injected faults.
+"""A scripted `ServingBackend` for the server tests: deterministic replies, recorded aborts, injected faults.
 
 It honours what a real model under jaxchat's constraints would: `tool_choice` (none/auto/required/
 named, `parallel_tool_calls`), `response_format` (an instance of the schema), the thinking switch,
@@ -7,6 +7,8 @@ typed requests of `jaxchat.api` (recorded in `requests`), as the real service do
 last user message script faults: BOOM (an unexpected exception), REJECT (a RequestError),
 FAIL_MIDSTREAM (an error event after two chunks), SLOW (a chunk every `slow_delay` seconds) and
 HANG (no output until cancelled). A request is "aborted" when its stream is closed before the end.
+It serves chat completions and completions only: `supports_responses` / `supports_messages` are False
+(the server answers those routes with 404 without calling the methods, which raise).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ def _text(content: object) -> str:
 class FakeService:
     model_id = "fake-model"
     max_context = 4096
+    supports_responses = False
+    supports_messages = False
 
     def __init__(self, slow_delay: float = 0.02) -> None:
         self.slow_delay = slow_delay
@@ -90,6 +94,21 @@ class FakeService:
 
     def close(self) -> None:
         pass
+
+    def expect_request(self) -> None:  # announces nothing (`_Announcing` in test_app records them)
+        return None
+
+    async def response(self, request) -> dict:
+        raise NotImplementedError("the fake serves no Responses API")
+
+    def response_stream(self, request) -> ChunkStream:
+        raise NotImplementedError("the fake serves no Responses API")
+
+    async def messages(self, request: ChatRequest) -> dict:
+        raise NotImplementedError("the fake serves no Messages API")
+
+    def messages_stream(self, request: ChatRequest) -> ChunkStream:
+        raise NotImplementedError("the fake serves no Messages API")
 
     async def chat_completion(self, request: ChatRequest) -> dict:
         rid, plan = self._start(request)

@@ -6,7 +6,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from jaxchat.api import ChatRequest, Limits
-from jaxchat.server import create_app
+from jaxchat.server import ServingBackend, create_app
 from tests.server.conftest import API_KEY
 from tests.server.fake import FakeService
 from tests.server.helpers import WEATHER_TOOL, assert_error, chat, sse_events
@@ -283,3 +283,23 @@ def test_an_arrival_is_closed_when_a_stream_is_refused_before_it_starts():
     with TestClient(create_app(service), raise_server_exceptions=False) as client:
         assert client.post("/v1/chat/completions", json=chat(stream=True)).status_code == 400
     assert service.arrivals == [[True]]
+
+
+def test_the_backend_is_checked_with_its_protocol_and_its_capability_flags_gate_routes():
+    """`create_app` takes a `ServingBackend` (checked with isinstance); a backend without the Responses or
+    Messages API says so with its flags, and those routes are 404s that never reach its methods."""
+    service = FakeService()
+    assert isinstance(service, ServingBackend) and not service.supports_responses
+    with TestClient(create_app(service)) as client:
+        assert_error(client.post("/v1/responses", json={"input": "hi"}), 404)
+        assert client.post("/v1/messages", json={"model": "m", "max_tokens": 5,
+                                                 "messages": [{"role": "user", "content": "hi"}]}).status_code == 404
+
+    class Partial:  # the chat methods alone: not a ServingBackend
+        model_id, max_context = "m", 8
+
+        def stats(self) -> dict:
+            return {}
+
+    with pytest.raises(TypeError, match="ServingBackend"):
+        create_app(Partial())

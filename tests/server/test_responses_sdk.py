@@ -58,6 +58,12 @@ class Engine:
             yield GenerationOutput("r", [0], piece, last, finish if last else None, 1 if last else None,
                                    num_prompt_tokens=len(request.prompt_ids), num_generated_tokens=i + 1)
 
+    def expect_request(self) -> None:  # gathers no bursts
+        return None
+
+    def prompt_fits(self, tokens: int) -> bool:
+        return True
+
     def shutdown(self) -> None:
         pass
 

@@ -1,0 +1,298 @@
+"""The serving pipeline every wire API runs on: template, tokenizer, constraint, engine and parser, once per model.
+
+Contract: `ChatPipeline(engine, model_id, grammar=None, chat_template=None)` holds what a model's requests
+share: its `engine` (a `ServingEngine`, checked with `isinstance`), `tokenizer`, the `template`
+(`ChatTemplate`, None when the model has none), the one `ChatFormatSpec` (`spec`) detected from the template
+and the vocabulary, the grammar engine (`grammar`, None for unconstrained decoding) and the format's
+turn-end token ids (`stop_token_ids`). Its public methods are the steps the wire API adapters
+(`chat_completions`, `completions`, `responses`, `messages_api`) compose: `prepare_chat` renders and
+tokenises a `ChatRequest` and raises every 400 that needs the model (no chat template, a template that
+refuses the messages or cannot render tools under tool_choice "required"/named, a prompt the tokenizer
+cannot encode, one that is empty or does not fit the context or the KV pool); `encode` / `checked_prompt` /
+`sampling` do the same for a completion's prompt; `constraint` builds one choice's grammar constraint (a
+schema xgrammar cannot compile is a 400); `requests` makes the `n` engine requests; `collect` runs one to its
+end (`Generated`), `pump` forwards its deltas to a queue; `was_cut` says whether to read an output as cut
+(`jaxchat.api.cut`); `complete_chat` runs every choice and parses each once. `expect_request`, `stats` and
+`close` are the engine's announcement, the server's gauges and shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol, runtime_checkable
+
+from jaxchat.api.cut import cut_finish_reason, was_cut
+from jaxchat.api.request import ChatRequest, Sampling
+from jaxchat.chat import (
+    ChatMsg,
+    ChatParseOptions,
+    ChatTemplate,
+    ConstraintRequest,
+    RequestError,
+    TemplateRefused,
+    call_envelopes_on,
+    chat_format_detect,
+    chat_format_prefill,
+    chat_parse,
+)
+from jaxchat.chat.detect import is_token_from_vocab
+from jaxchat.chat.stream import new_tool_call_id
+from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+
+__all__ = ["ChatPipeline", "Generated", "PreparedChat", "ServingEngine", "calls_only", "special_tokens"]
+
+log = logging.getLogger("jaxchat")
+
+PROMPT_TAIL_TOKENS = 32
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    """What the pipeline needs of an engine (`jaxchat.engine.Engine`; tests use scripted ones). `model` has a
+    `chat_template` (str or None); `tokenizer` is a transformers tokenizer (None only for a model served
+    without one, which then has no chat API)."""
+
+    model: Any
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]: ...
+
+    def expect_request(self) -> Any: ...  # an object with `close()`, or None when the engine gathers no bursts
+
+    def prompt_fits(self, tokens: int) -> bool: ...
+
+    def stats(self) -> dict: ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    prompt_ids: tuple[int, ...]
+    prefill: str
+    options: ChatParseOptions
+    constraint: ConstraintRequest
+    sampling: SamplingParams
+    n: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One finished generation: its text, token ids, finish reason and logprobs (None when not asked)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list | None
+    num_tokens: int  # generated tokens, counting any whose text a stop string cut
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    cached_tokens: int = 0  # prompt tokens reused from the engine's prefix cache
+
+
+def special_tokens(tokenizer) -> dict[str, str]:
+    """The `bos_token` / `eos_token` a chat template may use ("" when the tokenizer has none)."""
+    if tokenizer is None:
+        return {"bos_token": "", "eos_token": ""}
+    return {"bos_token": _text(tokenizer.bos_token), "eos_token": _text(tokenizer.eos_token)}
+
+
+def calls_only(prepared: PreparedChat) -> bool:
+    """tool_choice "required" or named: the reply is tool calls, so a chat `content` is null."""
+    return prepared.options.parse_tool_calls and prepared.constraint.tool_choice == "required"
+
+
+class ChatPipeline:
+    def __init__(self, engine: ServingEngine, model_id: str, grammar=None, chat_template: str | None = None) -> None:
+        if not isinstance(engine, ServingEngine):
+            raise TypeError(f"{type(engine).__name__} is not a ServingEngine (jaxchat.api.pipeline)")
+        self.engine = engine
+        self.model_id = model_id
+        self.tokenizer = engine.tokenizer
+        self.max_context: int = engine.stats()["max_context"]
+        source = chat_template or engine.model.chat_template or ""
+        self.template = ChatTemplate(source, **special_tokens(self.tokenizer)) if source else None
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        self.spec = chat_format_detect(source, is_token_from_vocab(vocab.keys()), template_name=model_id)
+        log.info("Chat format: %s", self.spec)
+        self.grammar = grammar
+        self.tools_enabled = bool(self.template and self.template.tools_enabled)
+        self.stop_token_ids = tuple(
+            t for marker in self.spec.extra_stops if (t := self.single_token(marker)) is not None
+        )
+
+    def single_token(self, text: str) -> int | None:
+        """The id of `text` when it is one token of the vocabulary, else None."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    def expect_request(self):
+        """A generation request is coming in (`Engine.expect_request`): the engine waits for it when gathering a
+        burst, until the request is submitted or the returned arrival is closed. None when it gathers none."""
+        return self.engine.expect_request()
+
+    # ---- preparing a request -------------------------------------------------------------------------
+    def prepare_chat(self, request: ChatRequest) -> PreparedChat:
+        constraint = request.constraint
+        tools = list(constraint.tools)
+        if tools and not self.tools_enabled:
+            if constraint.tool_choice == "required":
+                raise RequestError("tool_choice", "this model's chat template does not render tools, so "
+                                   "tool_choice 'required' or a named function cannot be honoured")
+            tools = []
+        if self.template is None:
+            raise RequestError("messages", "this model has no chat template; use /v1/completions")
+        kwargs = dict(constraint.chat_template_kwargs)
+        kwargs.setdefault("enable_thinking", constraint.allow_reasoning)
+        if constraint.reasoning_effort:
+            kwargs.setdefault("reasoning_effort", constraint.reasoning_effort)
+        try:
+            prompt = self.template.render(list(request.messages), tools=tools or None, add_generation_prompt=True,
+                                          **kwargs)
+        except TemplateRefused as exc:  # e.g. roles that do not alternate; the template's own failures are 500s
+            raise RequestError("messages", f"the model's chat template cannot render these messages: {exc}") from None
+        prompt_ids = self.checked_prompt(self.encode(prompt, "messages", False), "messages")
+        tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+        options = ChatParseOptions(parse_tool_calls=bool(tools) and constraint.tool_choice != "none",
+                                   tools=tuple(tools),
+                                   call_envelopes=bool(tools) and call_envelopes_on(self.spec, constraint))
+        return PreparedChat(tuple(prompt_ids), chat_format_prefill(self.spec, tail), options, constraint,
+                            self.sampling(request.sampling, len(prompt_ids)), request.n)
+
+    def encode(self, text: str, param: str, special: bool) -> list[int]:
+        """`text`'s token ids; text the tokenizer cannot encode is a 400 naming `param`."""
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=special)
+        except Exception as exc:  # noqa: BLE001 - `tokenizers` raises a bare Exception for text it cannot encode
+            raise RequestError(param, f"the model's tokenizer cannot encode the {param}: {exc}") from None
+
+    def checked_prompt(self, prompt_ids: list[int], param: str) -> list[int]:
+        """`prompt_ids` unchanged, or a 400 naming `param`: empty, no room in the context, or never fits the KV pool."""
+        if not prompt_ids:
+            raise RequestError(param, f"the {param} tokenise to an empty prompt: send text that the model's "
+                               "tokenizer encodes to at least one token")
+        if len(prompt_ids) >= self.max_context:
+            raise RequestError(param, f"the prompt has {len(prompt_ids)} tokens, but the model's context is "
+                               f"{self.max_context} tokens")
+        if not self.engine.prompt_fits(len(prompt_ids)):
+            raise RequestError(param, f"the prompt has {len(prompt_ids)} tokens, more than the server's KV cache "
+                               "can ever hold (see jaxchat serve --kv-cache-gib)")
+        return prompt_ids
+
+    def sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
+        """The engine's parameters: `max_tokens` within the room the prompt leaves; the format's turn-end
+        markers join the request's stop tokens unless `ignore_eos` asks for an exact length."""
+        room = self.max_context - prompt_len
+        stops = s.stop_token_ids if s.ignore_eos else tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids))
+        return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
+                                 "stop_token_ids": stops})
+
+    def constraint(self, prepared: PreparedChat):
+        """One choice's grammar constraint (None without a grammar engine)."""
+        if self.grammar is None:
+            return None
+        try:
+            return self.grammar.make(self.spec, prepared.constraint, prepared.prefill, tools_enabled=self.tools_enabled)
+        except RequestError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # xgrammar cannot compile what the request asks for
+            c = prepared.constraint
+            param = "response_format" if c.response_format != "text" and not c.tools else "tools"
+            raise RequestError(param, f"the request's JSON schemas cannot be compiled into a grammar: {exc}") from None
+
+    def requests(self, prompt_ids, sampling: SamplingParams, n: int,
+                 constraint: Callable[[], Any] | None = None) -> list[GenerationRequest]:
+        """n generation requests; each gets its own constraint (`constraint()`) and seed + index."""
+        return [
+            GenerationRequest(list(prompt_ids), replace(sampling, seed=sampling.seed + i) if sampling.seed is not None
+                              and i else sampling, constraint() if constraint else None)
+            for i in range(n)
+        ]
+
+    def chat_requests(self, prepared: PreparedChat) -> list[GenerationRequest]:
+        """A prepared chat's `n` engine requests, each with its own constraint."""
+        return self.requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self.constraint(prepared))
+
+    # ---- running ---------------------------------------------------------------------------------------
+    async def collect(self, request: GenerationRequest) -> Generated:
+        """Run `request` to its end; a failed generation raises (logged by the server, never sent)."""
+        parts, tokens, finish, logprobs, n_tokens, stop_reason, cached = [], [], None, None, 0, None, 0
+        async for out in self.engine.generate(request):
+            cached = out.num_cached_tokens
+            parts.append(out.text)
+            tokens.extend(out.token_ids)
+            n_tokens = out.num_generated_tokens or n_tokens + len(out.token_ids)
+            if out.logprobs:
+                logprobs = (logprobs or []) + out.logprobs
+            if out.finished:
+                finish, stop_reason = out.finish_reason, out.stop_reason
+                if finish == "error":
+                    raise RuntimeError(f"generation failed: {out.error}")
+        return Generated("".join(parts), tokens, finish, logprobs, n_tokens, stop_reason, cached)
+
+    async def pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue) -> None:
+        """Put `(index, output)` on `queue` for each of the request's deltas, or `(index, exception)` once if
+        it fails; run it as a task and cancel the task to abort the request."""
+        try:
+            async for out in self.engine.generate(request):
+                queue.put_nowait((index, out))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failure of this request only
+            log.exception("request failed")
+            queue.put_nowait((index, exc))
+
+    def was_cut(self, request: ChatRequest, prepared: PreparedChat, finish: str | None, stop_reason) -> bool:
+        """Whether to read the output as cut (`jaxchat.api.cut`): only when tool calls are parsed, so a
+        plain reply keeps every character; logged once per choice."""
+        turn_ends = (*self.stop_token_ids, *self.engine.eos_token_ids)
+        cut = prepared.options.parse_tool_calls and was_cut(finish, stop_reason, request.sampling.stop_token_ids,
+                                                            turn_ends)
+        if cut:
+            log.info("output cut before the end of the turn (finish_reason %s, stop %r): read as streamed",
+                     finish, stop_reason)
+        return cut
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    async def complete_chat(self, request: ChatRequest) -> tuple[PreparedChat, list[tuple[ChatMsg, str | None, Generated]]]:
+        """Run every choice to its end and parse it once: (prepared, [(message, finish reason, result)])."""
+        prepared = self.prepare_chat(request)
+        results = await asyncio.gather(*(self.collect(r) for r in self.chat_requests(prepared)))
+        choices = []
+        for result in results:
+            cut = self.was_cut(request, prepared, result.finish_reason, result.stop_reason)
+            msg = chat_parse(self.spec, prepared.prefill + result.text, cut, prepared.options)
+            for call in msg.tool_calls:
+                call.id = new_tool_call_id()
+            choices.append((msg, cut_finish_reason(msg, result.finish_reason, cut), result))
+        return prepared, choices
+
+    # ---- the engine ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the engine (idempotent)."""
+        self.engine.shutdown()
+
+    def stats(self) -> dict:
+        s = self.engine.stats()
+        return {
+            "running": s["running"],
+            "waiting": s["waiting"],
+            "slots_total": s["max_batch"],
+            "slots_busy": s["max_batch"] - s["free_slots"],
+            "compiles": s["compile_count"],
+            "compile_cache_hits": s.get("compile_cache_hits", 0),
+            "programs_loaded": s.get("programs_loaded", 0),
+            "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
+            "jump_forward_tokens": s.get("jump_forward_tokens", 0),
+            **{k: s[k] for k in ("kv_pages_used", "kv_pages_total", "preemptions", "draft_tokens",
+                                 "draft_accepted_tokens") if k in s},
+        }
+
+
+def _text(token) -> str:
+    return token if isinstance(token, str) else ""
