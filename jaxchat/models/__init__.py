@@ -8,8 +8,8 @@ Contract: see `jaxchat.models.base` for the forward/cache/layout interface the e
 
 from jaxchat.models.base import LoadedModel, StepModel, new_pools, unstack_layers
 from jaxchat.models.config import ModelConfig, ModelLoadError
-from jaxchat.models.families import FAMILIES
+from jaxchat.models.families import FAMILIES, from_hf_config, to_hf_config
 from jaxchat.models.load import load_model, save_orbax
 
-__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "StepModel", "new_pools",
-           "load_model", "save_orbax", "unstack_layers"]
+__all__ = ["FAMILIES", "LoadedModel", "ModelConfig", "ModelLoadError", "StepModel", "from_hf_config", "new_pools",
+           "load_model", "save_orbax", "to_hf_config", "unstack_layers"]

@@ -174,7 +174,8 @@ class HF:
     the key written. No `keys`: a constant of the family (`default`, or `derive`), never read or written.
     A missing value is `derive(fields read so far, config dict)` when given, else `default` (`REQUIRED`
     raises naming the key). `conv` turns every value that is not None into the field's type (and may
-    raise `ModelLoadError`). `gguf`: the GGUF metadata key that gives it (after "<arch>.").
+    raise `ModelLoadError`); `put` turns the field's value into the one written where transformers types it
+    otherwise (e.g. `whole`). `gguf`: the GGUF metadata key that gives it (after "<arch>.").
     `field=None` is a check only: a true value of `keys[0]` is not supported by the family."""
 
     field: str | None
@@ -183,6 +184,7 @@ class HF:
     conv: Callable[[Any], Any] | None = None
     derive: Callable[[dict, dict], Any] | None = None
     out: str | None = None
+    put: Callable[[Any], Any] | None = None
     gguf: str | None = None
 
     def __post_init__(self):
@@ -203,6 +205,11 @@ def _missing(v) -> bool:
 
 def ints(v) -> tuple[int, ...]:
     return tuple(int(i) for i in v)
+
+
+def whole(v: float) -> float | int:
+    """A float written as an int when it is one (for config fields transformers types as int)."""
+    return int(v) if float(v).is_integer() else v
 
 
 def eos_ids(eos) -> tuple[int, ...]:
@@ -297,6 +304,7 @@ def write_fields(c: ModelConfig, rows: tuple[HF, ...]) -> dict:
     for r in rows:
         if r.field is not None and r.keys:
             v = getattr(c, r.field)
+            v = r.put(v) if r.put is not None and v is not None else v
             out[r.key] = list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
     return out
 

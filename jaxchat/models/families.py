@@ -55,7 +55,9 @@ def from_hf_config(d: dict) -> ModelConfig:
 def to_hf_config(cfg: ModelConfig) -> dict:
     """A config.json dict (4.x style) that `from_hf_config` reads back to an equal config."""
     mod = family_module(cfg.family)
-    return config_to_hf(cfg, mod.HF_CONFIG, getattr(mod, "hf_config_write", None))
+    d = config_to_hf(cfg, mod.HF_CONFIG, getattr(mod, "hf_config_write", None))
+    d["model_type"] = next((t for t, f in TEXT_TYPES.items() if f == cfg.family), cfg.family)  # transformers' text config
+    return d
 
 
 @functools.cache

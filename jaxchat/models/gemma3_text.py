@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from flax import nnx
 
-from jaxchat.models.config import HF, ModelConfig
+from jaxchat.models.config import HF, ModelConfig, whole
 from jaxchat.models.entries import Entry
 from jaxchat.models.kv import LayerKV
 from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm
@@ -33,7 +33,7 @@ HF_CONFIG = (
     HF("layer_types", "layer_types", conv=tuple, derive=_every_nth_global),
     HF("sliding_window", "sliding_window", conv=int, gguf="attention.sliding_window"),
     HF("rope_local_base_freq", "rope_local_base_freq", 10000.0, float),
-    HF("query_pre_attn_scalar", "query_pre_attn_scalar", conv=float, derive=lambda kw, d: kw["head_dim"]),
+    HF("query_pre_attn_scalar", "query_pre_attn_scalar", conv=float, derive=lambda kw, d: kw["head_dim"], put=whole),
     HF("final_logit_softcapping", "final_logit_softcapping", None, float),
     HF("attn_logit_softcapping", "attn_logit_softcapping", None, float),
 )
