@@ -1,38 +1,27 @@
-"""The model configuration: the supported families, `ModelConfig`, `ModelLoadError`, and HF `config.json`
-dicts (transformers 4.x and 5.x layouts). A leaf module: it imports nothing from `jaxchat`.
+"""The model configuration: `ModelConfig`, `ModelLoadError`, and the generic reader / writer of HF
+`config.json` dicts (transformers 4.x and 5.x layouts). A leaf module: it imports nothing from `jaxchat`.
 
 Contract:
-- `FAMILIES` is the one list of supported families (HF `model_type`s); the family "x" is implemented
-  by the module `jaxchat.models.x` (see `families.family_module`).
 - `ModelConfig` is a frozen, hashable description of one decoder-only family (hashable so that it can
-  be a static jit argument); an unsupported family or heads that do not group raise `ModelLoadError`,
-  the error of a checkpoint that cannot be loaded (its message names the offending tensor, field or file).
-- `from_hf_config(d)` reads `model_type` (one of `FAMILIES`; "gemma3", "gemma4", "qwen3_5" or "qwen3_5_moe"
-  with a `text_config`; "qwen3_5_moe_text" for the family "qwen3_5_moe"),
-  the rope fields (types in `SUPPORTED_ROPE`) in either the 4.x form (`rope_theta`, `rope_scaling`,
-  `rope_local_base_freq`) or the 5.x form (`rope_parameters`, per layer type for gemma3 and gemma4). A
-  missing required field or an unsupported rope type raises `ModelLoadError` naming it. qwen3_moe reads
-  `num_experts` (or 5.x's `num_local_experts`), `num_experts_per_tok`, `moe_intermediate_size`,
-  `norm_topk_prob`, `decoder_sparse_step` and `mlp_only_layers`; `ModelConfig.is_sparse` says per layer
-  whether its MLP is the routed one. Gemma 4's full-attention layers take their head_dim / kv heads from
-  `per_layer_config` (transformers 5.x) or `global_head_dim` / `num_global_key_value_heads` (as
-  published); `layer_head_dim(i)`, `layer_kv_heads(i)` and `kv_sources` (the layer whose k/v a KV-shared
-  layer reuses) give the per-layer shapes. `to_hf_config(cfg)` writes a 4.x-style dict that
-  `from_hf_config` reads back to an equal config. `ModelConfig.from_hf_config` / `.to_hf_config()`
-  are the same functions.
+  be a static jit argument); heads that do not group raise `ModelLoadError`, the error of a checkpoint
+  that cannot be loaded (its message names the offending tensor, field or file). `ModelConfig.is_sparse`
+  says per layer whether its MLP is the routed one; `layer_head_dim(i)`, `layer_kv_heads(i)` and
+  `kv_sources` (the layer whose k/v a KV-shared layer reuses) give the per-layer shapes.
+- A family states its config.json fields in one table of `HF` rows (its module's `HF_CONFIG`: field,
+  keys, default, converter, GGUF key); `SHARED` holds the fields every family has. `config_from_hf(d,
+  family, rows, hook)` walks `SHARED` + the rows (rope fields in either the 4.x form, `rope_theta`,
+  `rope_scaling`, `rope_local_base_freq`, or 5.x's `rope_parameters`, see `rope_view`; rope types in
+  `SUPPORTED_ROPE`); a missing required field or an unsupported value raises `ModelLoadError` naming it.
+  `config_to_hf(cfg, rows, hook)` writes a 4.x-style dict that `config_from_hf` reads back to an equal
+  config. The registry (`families.from_hf_config` / `to_hf_config`) picks the family's table.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-FAMILIES = ("llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text", "lfm2", "lfm2_moe",
-            "qwen3_next", "qwen3_5_text", "qwen3_5_moe")  # HF model_type; the family "x" lives in jaxchat.models.x
-HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe")  # Gated DeltaNet + gated attention (`jaxchat.models.qwen3_next`)
-WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text",
-            "qwen3_5_moe": "qwen3_5_moe"}  # with a text_config
-TEXT_TYPES = {"qwen3_5_moe_text": "qwen3_5_moe"}  # HF text-config model_type -> family
 
 
 class ModelLoadError(ValueError):
@@ -41,7 +30,7 @@ class ModelLoadError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    family: str  # one of FAMILIES
+    family: str  # one of `families.FAMILIES`
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -107,8 +96,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default=())
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ModelLoadError(f"family: unsupported model family {self.family!r} (supported: {FAMILIES})")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
@@ -169,28 +156,68 @@ class ModelConfig:
             out.append(src[-1])
         return tuple(out)
 
-    def to_hf_config(self) -> dict:
-        """A `config.json`-style dict that `from_hf_config` reads back to an equal config."""
-        return to_hf_config(self)
-
-    @classmethod
-    def from_hf_config(cls, hf: dict) -> ModelConfig:
-        return from_hf_config(hf)
-
     def replace(self, **kw: Any) -> ModelConfig:
         return replace(self, **kw)
 
 
+# ---- config.json: the shared fields and the reader/writer that walks a family's table ---------------------
+
 SUPPORTED_ROPE = ("default", "llama3", "linear", "yarn", "proportional")
+REQUIRED = object()  # `HF.default` of a field config.json must give
 
 
-def _req(d: dict, key: str):
-    if key not in d or d[key] is None:
-        raise ModelLoadError(f"config.json: missing required field {key!r}")
-    return d[key]
+@dataclass(frozen=True)
+class HF:
+    """One `ModelConfig` field as `config.json` (and GGUF metadata) states it: a row of a family's table.
+
+    `keys` are read in order, the first one present (not None, not empty) wins; `out` (default `keys[0]`) is
+    the key written. No `keys`: a constant of the family (`default`, or `derive`), never read or written.
+    A missing value is `derive(fields read so far, config dict)` when given, else `default` (`REQUIRED`
+    raises naming the key). `conv` turns every value that is not None into the field's type (and may
+    raise `ModelLoadError`); `put` turns the field's value into the one written where transformers types it
+    otherwise (e.g. `whole`). `gguf`: the GGUF metadata key that gives it (after "<arch>.").
+    `field=None` is a check only: a true value of `keys[0]` is not supported by the family."""
+
+    field: str | None
+    keys: str | tuple[str, ...] = ()
+    default: Any = REQUIRED
+    conv: Callable[[Any], Any] | None = None
+    derive: Callable[[dict, dict], Any] | None = None
+    out: str | None = None
+    put: Callable[[Any], Any] | None = None
+    gguf: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.keys, str):
+            object.__setattr__(self, "keys", (self.keys,))
+        if not self.keys and self.default is REQUIRED and self.derive is None:
+            raise TypeError(f"HF({self.field!r}): a constant needs a default or derive")
+
+    @property
+    def key(self) -> str:
+        """The key written (and named by errors)."""
+        return self.out or self.keys[0]
 
 
-def _rope_scaling(rs: dict | None, where: str) -> dict | None:
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, list | tuple | dict | str) and not v)
+
+
+def ints(v) -> tuple[int, ...]:
+    return tuple(int(i) for i in v)
+
+
+def whole(v: float) -> float | int:
+    """A float written as an int when it is one (for config fields transformers types as int)."""
+    return int(v) if float(v).is_integer() else v
+
+
+def eos_ids(eos) -> tuple[int, ...]:
+    return tuple(int(e) for e in eos) if isinstance(eos, list | tuple) else (int(eos),)
+
+
+def rope_scaling(rs: dict | None, where: str = "rope_scaling") -> dict | None:
+    """A rope scaling dict in the form `ModelConfig.rope_scaling` keeps (None for the default rope)."""
     if not rs:
         return None
     kind = rs.get("rope_type", rs.get("type", "default"))
@@ -207,375 +234,119 @@ def _rope_scaling(rs: dict | None, where: str) -> dict | None:
     return rs
 
 
-def _eos(d: dict) -> tuple[int, ...]:
-    eos = d.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list | tuple) else (int(eos),)
+def layer_types_of(allowed: tuple[str, ...]) -> Callable[[Any], tuple[str, ...]]:
+    """A `conv` for `layer_types` that only admits `allowed` entries."""
+    def conv(types) -> tuple[str, ...]:
+        bad = [t for t in types if t not in allowed]
+        if bad:
+            raise ModelLoadError(f"config.json: layer_types entry {bad[0]!r} is not supported (supported: {allowed})")
+        return tuple(types)
+    return conv
 
 
-def from_hf_config(d: dict) -> ModelConfig:
-    mt = d.get("model_type")
-    if mt in WRAPPERS and isinstance(d.get("text_config"), dict):
-        mt = WRAPPERS[mt]
-        d = {**d["text_config"], "model_type": mt}
-    mt = TEXT_TYPES.get(mt, mt)
-    if mt not in FAMILIES:
-        raise ModelLoadError(f"config.json: model_type {mt!r} is not supported")
-    hidden = int(_req(d, "hidden_size"))
-    heads = int(_req(d, "num_attention_heads"))
-    head_dim = d.get("head_dim") or hidden // heads
+SHARED = (  # every family's fields; a family's row for the same field replaces the shared one, in place
+    HF("vocab_size", "vocab_size", conv=int, gguf="vocab_size"),
+    HF("hidden_size", "hidden_size", conv=int, gguf="embedding_length"),
+    HF("intermediate_size", "intermediate_size", conv=int, gguf="feed_forward_length"),
+    HF("num_layers", "num_hidden_layers", conv=int, gguf="block_count"),
+    HF("num_heads", "num_attention_heads", conv=int, gguf="attention.head_count"),
+    HF("num_kv_heads", "num_key_value_heads", conv=int, derive=lambda kw, d: kw["num_heads"],
+       gguf="attention.head_count_kv"),
+    HF("head_dim", "head_dim", conv=int, derive=lambda kw, d: kw["hidden_size"] // kw["num_heads"],
+       gguf="attention.key_length"),
+    HF("rms_norm_eps", "rms_norm_eps", 1e-6, float, gguf="attention.layer_norm_rms_epsilon"),
+    HF("rope_theta", "rope_theta", 10000.0, float, gguf="rope.freq_base"),
+    HF("rope_scaling", "rope_scaling", None, rope_scaling),
+    HF("max_position_embeddings", "max_position_embeddings", 4096, int, gguf="context_length"),
+    HF("tie_word_embeddings", "tie_word_embeddings", False, bool),
+    HF("attention_bias", "attention_bias", False, bool),
+    HF("hidden_act", ("hidden_act", "hidden_activation"), "silu", str),
+    HF("bos_token_id", "bos_token_id", None),
+    HF("eos_token_ids", "eos_token_id", (), eos_ids),
+)
+EXPERTS = (  # the routed-experts fields most MoE families read under these names
+    HF("num_experts", "num_experts", conv=int),
+    HF("num_experts_per_tok", "num_experts_per_tok", conv=int),
+    HF("moe_intermediate_size", "moe_intermediate_size", conv=int),
+)
+
+
+def table(family_rows: tuple[HF, ...] = ()) -> tuple[HF, ...]:
+    """`SHARED` with a family's rows: a row for a field already there replaces it in place (later rows
+    may derive from earlier fields), new fields follow in order; check-only rows are kept."""
+    rows: dict = {r.field: r for r in SHARED}
+    for r in family_rows:
+        rows[r.field if r.field is not None else ("check", r.keys)] = r
+    return tuple(rows.values())
+
+
+def read_fields(d: dict, rows: tuple[HF, ...], family: str, kw: dict | None = None) -> dict:
+    """The fields `rows` read from the config dict `d` (added to `kw`, which `derive` sees)."""
+    kw = {} if kw is None else kw
+    for r in rows:
+        if r.field is None:
+            if d.get(r.keys[0]):
+                raise ModelLoadError(f"config.json: {r.keys[0]}={json.dumps(d[r.keys[0]])} is not supported "
+                                     f"for {family}")
+            continue
+        v = next((d[k] for k in r.keys if not _missing(d.get(k))), None)
+        if v is None:
+            v = r.derive(kw, d) if r.derive is not None else r.default
+            if v is REQUIRED:
+                raise ModelLoadError(f"config.json: missing required field {r.key!r}")
+        kw[r.field] = r.conv(v) if r.conv is not None and v is not None else v
+    return kw
+
+
+def write_fields(c: ModelConfig, rows: tuple[HF, ...]) -> dict:
+    """The config.json keys of `rows` (tuples as lists, dicts copied); constants and checks are not written."""
+    out = {}
+    for r in rows:
+        if r.field is not None and r.keys:
+            v = getattr(c, r.field)
+            v = r.put(v) if r.put is not None and v is not None else v
+            out[r.key] = list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, dict) else v
+    return out
+
+
+def rope_view(d: dict) -> dict:
+    """`d` with the rope fields in the 4.x form (`rope_theta`, `rope_scaling`, `rope_local_base_freq`,
+    `partial_rotary_factor`), read from 5.x's `rope_parameters` (per layer type for gemma3 / gemma4) when given."""
     rp = d.get("rope_parameters")
+    theta, scaling, local = d.get("rope_theta"), d.get("rope_scaling"), d.get("rope_local_base_freq")
     partial = d.get("partial_rotary_factor")
-    if isinstance(rp, dict) and rp.get("partial_rotary_factor") is not None:
-        partial = rp["partial_rotary_factor"]
-    theta, scaling, local_theta = d.get("rope_theta"), d.get("rope_scaling"), d.get("rope_local_base_freq")
     if isinstance(rp, dict) and rp:
+        if rp.get("partial_rotary_factor") is not None:
+            partial = rp["partial_rotary_factor"]
         if "full_attention" in rp or "sliding_attention" in rp:
-            full = rp.get("full_attention", {})
-            theta = full.get("rope_theta", theta)
-            scaling = full
-            local_theta = rp.get("sliding_attention", {}).get("rope_theta", local_theta)
+            scaling = rp.get("full_attention", {})
+            theta = scaling.get("rope_theta", theta)
+            local = rp.get("sliding_attention", {}).get("rope_theta", local)
         else:
-            theta = rp.get("rope_theta", theta)
-            scaling = rp
-    kw: dict = {
-        "family": mt,
-        "vocab_size": int(_req(d, "vocab_size")),
-        "hidden_size": hidden,
-        "intermediate_size": 0 if "block_ff_dim" in d else int(_req(d, "moe_intermediate_size" if mt == "qwen3_5_moe"
-                                                                    and not d.get("intermediate_size") else "intermediate_size")),
-        "num_layers": int(_req(d, "num_hidden_layers")),
-        "num_heads": heads,
-        "num_kv_heads": int(d.get("num_key_value_heads") or heads),
-        "head_dim": int(head_dim),
-        "rms_norm_eps": float(d.get("rms_norm_eps", 1e-6)),
-        "rope_theta": float(theta if theta is not None else 10000.0),
-        "rope_scaling": _rope_scaling(scaling, "rope_scaling"),
-        "max_position_embeddings": int(d.get("max_position_embeddings", 4096)),
-        "tie_word_embeddings": bool(d.get("tie_word_embeddings", mt == "gemma3_text")),
-        "hidden_act": d.get("hidden_act") or d.get("hidden_activation") or "silu",
-        "bos_token_id": d.get("bos_token_id"),
-        "eos_token_ids": _eos(d),
-    }
-    if mt == "qwen2":
-        kw["attention_bias"] = True
-        if d.get("use_sliding_window"):
-            raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen2")
-    elif mt == "qwen3":
-        kw["qk_norm"] = True
-        kw["attention_bias"] = bool(d.get("attention_bias", False))
-        if d.get("use_sliding_window"):
-            raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen3")
-    elif mt == "qwen3_moe":
-        kw["qk_norm"] = True
-        kw["attention_bias"] = bool(d.get("attention_bias", False))
-        if d.get("use_sliding_window"):
-            raise ModelLoadError("config.json: use_sliding_window=true is not supported for qwen3_moe")
-        experts = d.get("num_experts", d.get("num_local_experts"))  # 5.x writes num_local_experts
-        if experts is None:
-            raise ModelLoadError("config.json: missing required field 'num_experts'")
-        kw["num_experts"] = int(experts)
-        kw["num_experts_per_tok"] = int(_req(d, "num_experts_per_tok"))
-        kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
-        kw["norm_topk_prob"] = bool(d.get("norm_topk_prob", False))
-        kw["decoder_sparse_step"] = int(d.get("decoder_sparse_step") or 1)
-        kw["mlp_only_layers"] = tuple(int(i) for i in d.get("mlp_only_layers") or ())
-    elif mt == "llama":
-        kw["attention_bias"] = bool(d.get("attention_bias", False))
-        if d.get("mlp_bias"):
-            raise ModelLoadError("config.json: mlp_bias=true is not supported for llama")
-    elif mt == "gpt_oss":
-        _gpt_oss(d, kw)
-    elif mt in ("lfm2", "lfm2_moe"):
-        _lfm2_fields(d, kw, theta)
-    elif mt in HYBRIDS:
-        _hybrid_fields(d, mt, kw, partial)
-    else:  # gemma3_text
-        kw["qk_norm"] = True
-        kw["hidden_act"] = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
-        n = kw["num_layers"]
-        layer_types = d.get("layer_types")
-        if not layer_types:
-            pattern = int(d.get("sliding_window_pattern") or d.get("_sliding_window_pattern") or 6)
-            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
-        kw["layer_types"] = tuple(layer_types)
-        kw["sliding_window"] = int(_req(d, "sliding_window"))
-        kw["rope_local_base_freq"] = float(local_theta if local_theta is not None else 10000.0)
-        kw["query_pre_attn_scalar"] = float(d.get("query_pre_attn_scalar") or kw["head_dim"])
-        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
-            kw[k] = float(d[k]) if d.get(k) is not None else None
-        kw["attention_bias"] = bool(d.get("attention_bias", False))
-        if mt == "gemma4_text":
-            _gemma4(d, kw)
+            theta, scaling = rp.get("rope_theta", theta), rp
+    return {**d, "rope_theta": theta, "rope_scaling": scaling, "rope_local_base_freq": local,
+            "partial_rotary_factor": partial}
+
+
+def config_from_hf(d: dict, family: str, rows: tuple[HF, ...] = (), hook=None) -> ModelConfig:
+    """The `ModelConfig` of `family` from its config dict: `SHARED` and the family's `rows`, then its
+    `hook(d, kw)` for what a table cannot say (checks across fields, nested dicts)."""
+    d = rope_view(d)
+    kw = read_fields(d, table(rows), family)
+    if hook is not None:
+        hook(d, kw)
     rs = kw["rope_scaling"]
     if rs and rs["rope_type"] == "yarn":
         if rs.get("original_max_position_embeddings") is None:
             raise ModelLoadError("config.json: rope_scaling.original_max_position_embeddings is required for yarn")
         if rs.get("factor") is None:  # as transformers: the context extension ratio
             rs["factor"] = kw["max_position_embeddings"] / float(rs["original_max_position_embeddings"])
-    return ModelConfig(**kw)
+    return ModelConfig(family=family, **kw)
 
 
-def _gpt_oss(d: dict, kw: dict) -> None:
-    n = kw["num_layers"]
-    kw["attention_bias"] = bool(d.get("attention_bias", True))
-    kw["o_bias"] = kw["attention_bias"]
-    kw["attention_sinks"] = True
-    kw["sliding_window"] = int(_req(d, "sliding_window"))
-    layer_types = d.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
-    kw["layer_types"] = tuple(layer_types)
-    kw["num_experts"] = int(_req(d, "num_local_experts"))
-    k = d.get("num_experts_per_tok") or d.get("experts_per_token")
-    if not k:
-        raise ModelLoadError("config.json: missing required field 'num_experts_per_tok'")
-    kw["num_experts_per_tok"] = int(k)
-    kw["swiglu_limit"] = float(d.get("swiglu_limit", 7.0))
-    kw["swiglu_alpha"] = float(d.get("swiglu_alpha", 1.702))
-    rp = d.get("rope_parameters") or {}
-    if d.get("rope_theta") is None and rp.get("rope_theta") is None:
-        kw["rope_theta"] = 150000.0  # transformers' GptOssConfig defaults
-    if not d.get("rope_scaling") and not rp:
-        kw["rope_scaling"] = dict(GPT_OSS_YARN)
-
-
-GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
-
-
-GEMMA4_LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what per_layer_config may override
-
-
-def _gemma4(d: dict, kw: dict) -> None:
-    """The Gemma 4 text fields (transformers 5.x `Gemma4TextConfig`, incl. its `per_layer_config`)."""
-    if d.get("use_bidirectional_attention") == "all":
-        raise ModelLoadError("config.json: use_bidirectional_attention='all' is not supported for gemma4_text")
-    if d.get("attention_bias"):
-        raise ModelLoadError("config.json: attention_bias=true is not supported for gemma4_text")
-    types = kw["layer_types"] = (*kw["layer_types"][:-1], "full_attention")  # transformers forces the last one
-    kw["query_pre_attn_scalar"] = 1.0  # Gemma 4 attends with scale 1 (q and k are RMS-normed)
-    kw["attn_logit_softcapping"] = None
-    kw["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", True))
-    kw["attention_k_eq_v"] = bool(d.get("attention_k_eq_v", False))
-    full = [i for i, t in enumerate(types) if t == "full_attention"]
-    plc = d.get("per_layer_config")
-    if plc is None:  # the published form: global_head_dim / num_global_key_value_heads (transformers' defaults)
-        g_hd = int(d.get("global_head_dim") or 512)
-        g_kv = d.get("num_global_key_value_heads") if kw["attention_k_eq_v"] else None
-        plc = {i: {"head_dim": g_hd, **({"num_key_value_heads": g_kv} if g_kv is not None else {})} for i in full}
-    overrides: dict[int, dict] = {}
-    for k, v in plc.items():
-        if not str(k).isdigit() or not 0 <= int(k) < len(types) or not isinstance(v, dict):
-            raise ModelLoadError(f"config.json: per_layer_config key {k!r} is not a layer index")
-        bad = [a for a in v if a not in GEMMA4_LAYER_KEYS]
-        if bad:
-            raise ModelLoadError(f"config.json: per_layer_config[{k}].{bad[0]} is not supported")
-        overrides[int(k)] = v
-    for kind, base_hd, base_kv in (("full_attention", None, None), ("sliding_attention", kw["head_dim"],
-                                                                     kw["num_kv_heads"])):
-        layers = [i for i, t in enumerate(types) if t == kind]
-        dims = {(int(overrides.get(i, {}).get("head_dim", kw["head_dim"])),
-                 int(overrides.get(i, {}).get("num_key_value_heads") or kw["num_kv_heads"])) for i in layers}
-        if len(dims) > 1:
-            raise ModelLoadError(f"config.json: per_layer_config gives the {kind} layers different shapes {dims}")
-        if dims and kind == "full_attention":
-            kw["global_head_dim"], kw["num_global_kv_heads"] = dims.pop()
-        elif dims and dims.pop() != (base_hd, base_kv):
-            raise ModelLoadError("config.json: per_layer_config overrides sliding_attention layers (not supported)")
-    rp = d.get("rope_parameters") or {
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
-    if not isinstance(rp, dict) or not ("full_attention" in rp or "sliding_attention" in rp):
-        raise ModelLoadError("config.json: rope_parameters must be given per layer type for gemma4_text")
-    local = rp.get("sliding_attention") or {}
-    if local.get("rope_type", "default") != "default":
-        raise ModelLoadError(f"config.json: rope_parameters.sliding_attention.rope_type {local['rope_type']!r} "
-                             "is not supported")
-    glob = rp.get("full_attention") or {}
-    kw["rope_theta"] = float(glob.get("rope_theta", 10000.0))
-    kw["rope_scaling"] = _rope_scaling(glob, "rope_parameters.full_attention")
-    kw["rope_local_base_freq"] = float(local.get("rope_theta", 10000.0))
-    kw["num_kv_shared_layers"] = int(d.get("num_kv_shared_layers") or 0)
-    kw["per_layer_input_size"] = int(d.get("hidden_size_per_layer_input") or 0)
-    kw["per_layer_vocab_size"] = int(d.get("vocab_size_per_layer_input") or kw["vocab_size"]) \
-        if kw["per_layer_input_size"] else 0
-    kw["double_wide_mlp"] = bool(d.get("use_double_wide_mlp", False))
-    if d.get("enable_moe_block"):
-        kw["enable_moe_block"] = True
-        kw["num_experts"] = int(_req(d, "num_experts"))
-        kw["num_experts_per_tok"] = int(_req(d, "top_k_experts"))
-        kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
-
-
-LFM2_LAYER_TYPES = ("conv", "full_attention")
-
-
-def _lfm2_fields(d: dict, kw: dict, theta) -> None:
-    """lfm2 / lfm2_moe: layer types (or full_attn_idxs), the conv window, norm_eps, the 4.x aliases
-    (block_ff_dim, tie_embedding), lfm2's MLP size adjustment, and lfm2_moe's routed experts."""
-    mt, n = kw["family"], kw["num_layers"]
-    kw["qk_norm"] = True
-    kw["rms_norm_eps"] = float(d.get("norm_eps", d.get("rms_norm_eps", 1e-5)))
-    kw["rope_theta"] = float(theta if theta is not None else 1000000.0)
-    kw["max_position_embeddings"] = int(d.get("max_position_embeddings", 128000))
-    kw["tie_word_embeddings"] = bool(d.get("tie_embedding", d.get("tie_word_embeddings", True)))
-    kw["hidden_act"] = "silu"
-    layer_types = d.get("layer_types")
-    if not layer_types:
-        idxs = d.get("full_attn_idxs")
-        if idxs is None and mt == "lfm2_moe":
-            raise ModelLoadError("config.json: missing required field 'layer_types'")
-        idxs = range(n) if idxs is None else idxs
-        layer_types = ["full_attention" if i in idxs else "conv" for i in range(n)]
-    bad = [t for t in layer_types if t not in LFM2_LAYER_TYPES]
-    if bad:
-        raise ModelLoadError(f"config.json: layer_types entry {bad[0]!r} is not supported (supported: {LFM2_LAYER_TYPES})")
-    kw["layer_types"] = tuple(layer_types)
-    kw["conv_kernel_size"] = int(d.get("conv_L_cache", 3))
-    kw["conv_bias"] = bool(d.get("conv_bias", False))
-    ff = d.get("block_ff_dim", d.get("intermediate_size"))
-    if ff is None:
-        raise ModelLoadError("config.json: missing required field 'intermediate_size'")
-    ff = int(ff)
-    if mt == "lfm2" and d.get("block_auto_adjust_ff_dim", True):  # the size the MLP really has
-        ff = int(2 * ff / 3)
-        mult = d.get("block_ffn_dim_multiplier", 1.0)
-        if mult is not None:
-            ff = int(mult * ff)
-            step = int(d.get("block_multiple_of", 256))
-            ff = step * ((ff + step - 1) // step)
-    kw["intermediate_size"] = ff
-    if mt == "lfm2_moe":
-        kw["num_experts"] = int(_req(d, "num_experts"))
-        kw["num_experts_per_tok"] = int(_req(d, "num_experts_per_tok"))
-        kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
-        kw["norm_topk_prob"] = bool(d.get("norm_topk_prob", True))
-        kw["routed_scaling_factor"] = float(d.get("routed_scaling_factor", 1.0))
-        kw["use_expert_bias"] = bool(d.get("use_expert_bias", True))
-        kw["num_dense_layers"] = int(d.get("num_dense_layers", 2))
-
-
-def _hybrid_fields(d: dict, mt: str, kw: dict, partial) -> None:
-    """The Gated DeltaNet hybrids' fields (transformers' Qwen3NextConfig / Qwen3_5TextConfig / Qwen3_5MoeTextConfig)."""
-    n = kw["num_layers"]
-    kw["qk_norm"] = True
-    kw["attention_bias"] = bool(d.get("attention_bias", False))
-    if kw["attention_bias"]:
-        raise ModelLoadError(f"config.json: attention_bias=true is not supported for {mt}")
-    kw["partial_rotary_factor"] = float(partial if partial is not None else 0.25)
-    layer_types = d.get("layer_types")
-    if not layer_types:
-        interval = int(d.get("full_attention_interval") or 4)
-        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
-    bad = sorted({t for t in layer_types if t not in ("linear_attention", "full_attention")})
-    if bad:
-        raise ModelLoadError(f"config.json: layer_types {bad[0]!r} is not supported for {mt}")
-    kw["layer_types"] = tuple(layer_types)
-    for k in ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads"):
-        kw[k] = int(_req(d, k))
-    kw["linear_conv_kernel_dim"] = int(d.get("linear_conv_kernel_dim") or 4)
-    if kw["linear_num_value_heads"] % kw["linear_num_key_heads"]:
-        raise ModelLoadError("config.json: linear_num_key_heads does not divide linear_num_value_heads")
-    if mt == "qwen3_5_text":
-        return
-    kw["num_experts"] = int(_req(d, "num_experts"))
-    kw["num_experts_per_tok"] = int(_req(d, "num_experts_per_tok"))
-    kw["moe_intermediate_size"] = int(_req(d, "moe_intermediate_size"))
-    kw["shared_expert_intermediate_size"] = int(_req(d, "shared_expert_intermediate_size"))
-    if mt == "qwen3_next":
-        kw["norm_topk_prob"] = bool(d.get("norm_topk_prob", True))
-        kw["decoder_sparse_step"] = int(d.get("decoder_sparse_step") or 1)
-        kw["mlp_only_layers"] = tuple(int(i) for i in d.get("mlp_only_layers") or ())
-    else:  # qwen3_5_moe: every layer routed, top-k always renormalised
-        kw["norm_topk_prob"] = True
-
-
-def to_hf_config(c: ModelConfig) -> dict:
-    d = {
-        "model_type": c.family,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_scaling": c.rope_scaling,
-        "max_position_embeddings": c.max_position_embeddings,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "attention_bias": c.attention_bias,
-        "hidden_act": c.hidden_act,
-        "bos_token_id": c.bos_token_id,
-        "eos_token_id": list(c.eos_token_ids),
-    }
-    if c.family == "qwen3_moe":
-        d.update(
-            num_experts=c.num_experts,
-            num_experts_per_tok=c.num_experts_per_tok,
-            moe_intermediate_size=c.moe_intermediate_size,
-            norm_topk_prob=c.norm_topk_prob,
-            decoder_sparse_step=c.decoder_sparse_step,
-            mlp_only_layers=list(c.mlp_only_layers),
-        )
-    if c.family in ("gemma3_text", "gemma4_text"):
-        d.update(
-            hidden_activation=c.hidden_act,
-            sliding_window=c.sliding_window,
-            layer_types=list(c.layer_types or ()),
-            rope_local_base_freq=c.rope_local_base_freq,
-            query_pre_attn_scalar=c.query_pre_attn_scalar,
-            final_logit_softcapping=c.final_logit_softcapping,
-            attn_logit_softcapping=c.attn_logit_softcapping,
-        )
-    if c.family == "gpt_oss":
-        d.update(
-            sliding_window=c.sliding_window,
-            layer_types=list(c.layer_types or ()),
-            num_local_experts=c.num_experts,
-            num_experts_per_tok=c.num_experts_per_tok,
-            swiglu_limit=c.swiglu_limit,
-            swiglu_alpha=c.swiglu_alpha,
-        )
-    if c.family == "gemma4_text":
-        for k in ("rope_theta", "rope_scaling", "rope_local_base_freq", "query_pre_attn_scalar",
-                  "attn_logit_softcapping"):
-            d.pop(k)
-        full = [i for i, s in enumerate(c.is_sliding) if not s]
-        d.update(
-            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.rope_theta,
-                                                **(c.rope_scaling or {})},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_base_freq}},
-            per_layer_config={str(i): {"head_dim": c.layer_head_dim(i), "num_key_value_heads": c.layer_kv_heads(i)}
-                              for i in full},
-            attention_k_eq_v=c.attention_k_eq_v,
-            num_kv_shared_layers=c.num_kv_shared_layers,
-            hidden_size_per_layer_input=c.per_layer_input_size,
-            vocab_size_per_layer_input=c.per_layer_vocab_size or c.vocab_size,
-            use_double_wide_mlp=c.double_wide_mlp,
-            enable_moe_block=c.enable_moe_block,
-        )
-        if c.enable_moe_block:
-            d.update(num_experts=c.num_experts, top_k_experts=c.num_experts_per_tok,
-                     moe_intermediate_size=c.moe_intermediate_size)
-    if c.family in ("lfm2", "lfm2_moe"):
-        d.update(norm_eps=c.rms_norm_eps, layer_types=list(c.layer_types or ()), conv_L_cache=c.conv_kernel_size,
-                 conv_bias=c.conv_bias, block_auto_adjust_ff_dim=False)  # intermediate_size is the real one
-        if c.family == "lfm2_moe":
-            d.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
-                     moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
-                     routed_scaling_factor=c.routed_scaling_factor, use_expert_bias=c.use_expert_bias,
-                     num_dense_layers=c.num_dense_layers)
-    if c.family in HYBRIDS:
-        d.update(partial_rotary_factor=c.partial_rotary_factor, layer_types=list(c.layer_types or ()),
-                 linear_conv_kernel_dim=c.linear_conv_kernel_dim, linear_key_head_dim=c.linear_key_head_dim,
-                 linear_value_head_dim=c.linear_value_head_dim, linear_num_key_heads=c.linear_num_key_heads,
-                 linear_num_value_heads=c.linear_num_value_heads)
-        if c.family != "qwen3_5_text":
-            d.update(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
-                     moe_intermediate_size=c.moe_intermediate_size,
-                     shared_expert_intermediate_size=c.shared_expert_intermediate_size,
-                     norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=c.decoder_sparse_step,
-                     mlp_only_layers=list(c.mlp_only_layers))
+def config_to_hf(c: ModelConfig, rows: tuple[HF, ...] = (), hook=None) -> dict:
+    """A 4.x-style config.json dict of `c` that `config_from_hf` reads back to an equal config."""
+    d = {"model_type": c.family, **write_fields(c, table(rows))}
+    if hook is not None:
+        hook(c, d)
     return d

@@ -23,6 +23,10 @@ Contract (transformers' `Gemma4ForCausalLM`):
 - `hf_entries(cfg)` is the strict HF tensor table: per-layer rows have `layer=None` and paths
   ("layers", "<i>", ...); experts are stored [E, in, out] (HF's gate_up [E, 2I, D] and down [E, D, I]
   transposed) for `moe.expert_matmul`.
+- config.json (transformers 5.x `Gemma4TextConfig`): `HF_CONFIG` is Gemma 3's table with Gemma 4's fields;
+  `hf_config_read` reads what it cannot say: the full layers' shapes from `per_layer_config` (or, as
+  published, `global_head_dim` / `num_global_key_value_heads`), the rope per layer type from
+  `rope_parameters`, the last layer forced full, the MoE block's fields when `enable_moe_block`.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxchat.models import moe, quant
-from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models import gemma3_text, moe, quant
+from jaxchat.models.config import HF, ModelConfig, ModelLoadError, read_fields, rope_scaling, write_fields
 from jaxchat.models.entries import Entry
 from jaxchat.models.kv import LayerKV, StepInputs
 from jaxchat.models.layers import (
@@ -47,6 +51,94 @@ from jaxchat.models.layers import (
     rope_tables,
 )
 from jaxchat.models.quant import qeinsum
+
+HF_CONFIG = (
+    *gemma3_text.HF_CONFIG,
+    HF(None, "attention_bias"),
+    HF("rope_theta", default=10000.0),  # these three: from rope_parameters (hf_config_read)
+    HF("rope_scaling", default=None),
+    HF("rope_local_base_freq", default=10000.0),
+    HF("query_pre_attn_scalar", default=1.0),  # Gemma 4 attends with scale 1 (q and k are RMS-normed)
+    HF("attn_logit_softcapping", default=None),
+    HF("attention_k_eq_v", "attention_k_eq_v", False, bool),
+    HF("num_kv_shared_layers", "num_kv_shared_layers", 0, int),
+    HF("per_layer_input_size", "hidden_size_per_layer_input", 0, int),
+    HF("per_layer_vocab_size", "vocab_size_per_layer_input", conv=int, derive=lambda kw, d: kw["vocab_size"]),
+    HF("double_wide_mlp", "use_double_wide_mlp", False, bool),
+    HF("enable_moe_block", "enable_moe_block", False, bool),
+)
+MOE_CONFIG = (  # read and written when enable_moe_block
+    HF("num_experts", "num_experts", conv=int),
+    HF("num_experts_per_tok", "top_k_experts", conv=int),
+    HF("moe_intermediate_size", "moe_intermediate_size", conv=int),
+)
+LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what per_layer_config may override
+DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+
+
+def _full_layer_shape(d: dict, kw: dict) -> None:
+    """global_head_dim / num_global_kv_heads from per_layer_config (or the published global_* fields)."""
+    types = kw["layer_types"]
+    plc = d.get("per_layer_config")
+    if plc is None:  # the published form: global_head_dim / num_global_key_value_heads (transformers' defaults)
+        g_hd = int(d.get("global_head_dim") or 512)
+        g_kv = d.get("num_global_key_value_heads") if kw["attention_k_eq_v"] else None
+        plc = {i: {"head_dim": g_hd, **({"num_key_value_heads": g_kv} if g_kv is not None else {})}
+               for i, t in enumerate(types) if t == "full_attention"}
+    overrides: dict[int, dict] = {}
+    for k, v in plc.items():
+        if not str(k).isdigit() or not 0 <= int(k) < len(types) or not isinstance(v, dict):
+            raise ModelLoadError(f"config.json: per_layer_config key {k!r} is not a layer index")
+        bad = [a for a in v if a not in LAYER_KEYS]
+        if bad:
+            raise ModelLoadError(f"config.json: per_layer_config[{k}].{bad[0]} is not supported")
+        overrides[int(k)] = v
+    for kind in ("full_attention", "sliding_attention"):
+        dims = {(int(overrides.get(i, {}).get("head_dim", kw["head_dim"])),
+                 int(overrides.get(i, {}).get("num_key_value_heads") or kw["num_kv_heads"]))
+                for i, t in enumerate(types) if t == kind}
+        if len(dims) > 1:
+            raise ModelLoadError(f"config.json: per_layer_config gives the {kind} layers different shapes {dims}")
+        if dims and kind == "full_attention":
+            kw["global_head_dim"], kw["num_global_kv_heads"] = dims.pop()
+        elif dims and dims.pop() != (kw["head_dim"], kw["num_kv_heads"]):
+            raise ModelLoadError("config.json: per_layer_config overrides sliding_attention layers (not supported)")
+
+
+def hf_config_read(d: dict, kw: dict) -> None:
+    if d.get("use_bidirectional_attention") == "all":
+        raise ModelLoadError("config.json: use_bidirectional_attention='all' is not supported for gemma4_text")
+    kw["layer_types"] = (*kw["layer_types"][:-1], "full_attention")  # transformers forces the last one
+    _full_layer_shape(d, kw)
+    rp = d.get("rope_parameters") or DEFAULT_ROPE
+    if not isinstance(rp, dict) or not ("full_attention" in rp or "sliding_attention" in rp):
+        raise ModelLoadError("config.json: rope_parameters must be given per layer type for gemma4_text")
+    local = rp.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ModelLoadError(f"config.json: rope_parameters.sliding_attention.rope_type {local['rope_type']!r} "
+                             "is not supported")
+    glob = rp.get("full_attention") or {}
+    kw["rope_theta"] = float(glob.get("rope_theta", 10000.0))
+    kw["rope_scaling"] = rope_scaling(glob, "rope_parameters.full_attention")
+    kw["rope_local_base_freq"] = float(local.get("rope_theta", 10000.0))
+    if not kw["per_layer_input_size"]:
+        kw["per_layer_vocab_size"] = 0
+    if kw["enable_moe_block"]:
+        read_fields(d, MOE_CONFIG, "gemma4_text", kw)
+
+
+def hf_config_write(cfg: ModelConfig, d: dict) -> None:
+    full = [i for i, s in enumerate(cfg.is_sliding) if not s]
+    d.update(
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta,
+                                            **(cfg.rope_scaling or {})},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_base_freq}},
+        per_layer_config={str(i): {"head_dim": cfg.layer_head_dim(i), "num_key_value_heads": cfg.layer_kv_heads(i)}
+                          for i in full},
+        vocab_size_per_layer_input=cfg.per_layer_vocab_size or cfg.vocab_size)
+    if cfg.enable_moe_block:
+        d.update(write_fields(cfg, MOE_CONFIG))
 
 
 class Norm(nnx.Module):

@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp), dequantised with the `gguf` package into the target dtype.
 
-Contract: `load_gguf(file, dtype, mesh)` maps the GGUF metadata of the architectures "llama",
-"qwen2", "qwen3" and "gemma3" to a `ModelConfig`, renames every tensor to its HF name through a
+Contract: `load_gguf(file, dtype, mesh)` maps the GGUF metadata of the architectures the family modules
+name (`GGUF_ARCH`: "llama", "qwen2", "qwen3", "gemma3") to a `ModelConfig` through the family's config.json
+table (its rows' `gguf` keys), renames every tensor to its HF name through a
 strict table (an unknown GGUF tensor is an error naming it) and then goes through the same strict
 check as HF checkpoints. Fix-ups of llama.cpp's converter are undone: llama Q/K rows are
 un-permuted (rotary pairs interleaved back to halves), Gemma norm weights (stored as 1 + w) get 1
@@ -24,10 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from jaxchat.models.base import LoadedModel
-from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models.config import REQUIRED, ModelConfig, ModelLoadError, table
+from jaxchat.models.families import family_module, from_hf_config, gguf_families
 from jaxchat.models.weights import Tensor, assemble
-
-ARCH_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -77,52 +77,31 @@ def hf_name(gguf_name: str, arch: str) -> str:
 
 
 def config_from_gguf(reader, names: set[str], embd_rows: int) -> ModelConfig:
+    """The family's config.json table read from GGUF metadata: each row with a `gguf` key takes
+    "<arch>.<key>", the rest of the family's fields their config.json defaults (`families.from_hf_config`);
+    tied embeddings and q/k/v biases are told by the tensors present."""
     arch = field(reader, "general.architecture")
-    if arch not in ARCH_FAMILY:
-        raise ModelLoadError(f"general.architecture {arch!r} is not supported (supported: {sorted(ARCH_FAMILY)})")
-
-    def req(key: str):
-        v = field(reader, f"{arch}.{key}")
-        if v is None:
-            raise ModelLoadError(f"GGUF metadata {arch}.{key} is missing")
-        return v
-
-    hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
-    head_dim = int(field(reader, f"{arch}.attention.key_length", hidden // heads))
+    archs = gguf_families()
+    if arch not in archs:
+        raise ModelLoadError(f"general.architecture {arch!r} is not supported (supported: {sorted(archs)})")
+    family = archs[arch]
+    d: dict = {"model_type": family, "vocab_size": embd_rows}
+    for row in table(family_module(family).HF_CONFIG):
+        v = field(reader, f"{arch}.{row.gguf}") if row.gguf else None
+        if v is not None:
+            d[row.keys[0]] = v
+        elif row.gguf and row.default is REQUIRED and row.derive is None and row.keys[0] not in d:
+            raise ModelLoadError(f"GGUF metadata {arch}.{row.gguf} is missing")
+    if field(reader, f"{arch}.rope.scaling.type") == "linear":
+        factor = field(reader, f"{arch}.rope.scaling.factor")
+        if factor is None:
+            raise ModelLoadError(f"GGUF metadata {arch}.rope.scaling.factor is missing")
+        d["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
     eos = [field(reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
-    kw: dict = {
-        "family": ARCH_FAMILY[arch],
-        "vocab_size": int(field(reader, f"{arch}.vocab_size", embd_rows)),
-        "hidden_size": hidden,
-        "intermediate_size": int(req("feed_forward_length")),
-        "num_layers": int(req("block_count")),
-        "num_heads": heads,
-        "num_kv_heads": int(field(reader, f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(req("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(field(reader, f"{arch}.context_length", 4096)),
-        "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_ids": tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
-    }
-    if arch == "qwen2":
-        kw["attention_bias"] = True
-    elif arch == "qwen3":
-        kw["qk_norm"] = True
-    elif arch == "llama":
-        kw["attention_bias"] = "blk.0.attn_q.bias" in names
-        if field(reader, "llama.rope.scaling.type") == "linear":
-            kw["rope_scaling"] = {"rope_type": "linear", "factor": float(req("rope.scaling.factor"))}
-    elif arch == "gemma3":
-        n = kw["num_layers"]
-        kw.update(qk_norm=True, hidden_act="gelu_pytorch_tanh",
-                  sliding_window=int(req("attention.sliding_window")),
-                  layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)),
-                  rope_local_base_freq=10000.0, query_pre_attn_scalar=float(head_dim))
-        if field(reader, "gemma3.rope.scaling.type") == "linear":
-            kw["rope_scaling"] = {"rope_type": "linear", "factor": float(req("rope.scaling.factor"))}
-    return ModelConfig(**kw)
+    d.update(tie_word_embeddings="output.weight" not in names, attention_bias="blk.0.attn_q.bias" in names,
+             bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+             eos_token_id=list(dict.fromkeys(int(e) for e in eos if e is not None)))
+    return from_hf_config(d)
 
 
 def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:

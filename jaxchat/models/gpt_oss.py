@@ -8,7 +8,9 @@ each routed expert computes gate_up = x W_gu + b_gu, whose gate and up halves ar
 (up.clip(-limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit), then W_d + b_d; the
 outputs are combined with the routing weights (`moe.dispatch` / `expert_matmul` / `combine`: only routed
 experts are computed). Expert params carry the logical axis "experts". `hf_entries(cfg)` is the strict
-HF tensor table (MXFP4 checkpoints reach it through `mxfp4.fold_mxfp4` under the same names).
+HF tensor table (MXFP4 checkpoints reach it through `mxfp4.fold_mxfp4` under the same names); `HF_CONFIG`
+its config.json fields, with transformers' `GptOssConfig` defaults (rope theta 150000, YaRN x32, alternating
+layers, the SwiGLU clamp 7.0).
 """
 
 from __future__ import annotations
@@ -17,12 +19,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxchat.models import moe
-from jaxchat.models.config import ModelConfig
+from jaxchat.models import config, moe
+from jaxchat.models.config import HF, ModelConfig
 from jaxchat.models.entries import Entry
 from jaxchat.models.kv import LayerKV
 from jaxchat.models.layers import Attention, CausalLM, RMSNorm, param
 from jaxchat.models.llama import attention_entries, global_entries
+
+YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+        "original_max_position_embeddings": 4096}
+HF_CONFIG = (
+    HF("rope_theta", "rope_theta", 150000.0, float),
+    HF("rope_scaling", "rope_scaling", YARN, config.rope_scaling),
+    HF("attention_bias", "attention_bias", True, bool),
+    HF("o_bias", derive=lambda kw, d: kw["attention_bias"]),
+    HF("attention_sinks", default=True),
+    HF("sliding_window", "sliding_window", conv=int),
+    HF("layer_types", "layer_types", conv=tuple, derive=lambda kw, d: [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(kw["num_layers"])]),
+    HF("num_experts", "num_local_experts", conv=int),
+    HF("num_experts_per_tok", ("num_experts_per_tok", "experts_per_token"), conv=int),
+    HF("swiglu_limit", "swiglu_limit", 7.0, float),
+    HF("swiglu_alpha", "swiglu_alpha", 1.702, float),
+)
 
 
 class Experts(nnx.Module):

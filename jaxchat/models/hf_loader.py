@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jaxchat.models.base import LoadedModel
 from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models.families import from_hf_config
 from jaxchat.models.weights import Tensor, assemble
 
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
@@ -130,7 +131,7 @@ def load_hf(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
     if not cfg_file.exists():
         raise ModelLoadError(f"{d}: no config.json")
     hf_config = json.loads(cfg_file.read_text())
-    cfg = ModelConfig.from_hf_config(hf_config)
+    cfg = from_hf_config(hf_config)
     tensors = text_decoder_tensors(cfg, gemma_text_tensors(hf_config, read_safetensors(safetensors_files(d))))
     if any(n.endswith(("_blocks", "_scales")) for n in tensors):
         import jax.numpy as jnp

@@ -12,6 +12,11 @@ its channel axis is the one the engine shards, like kv heads). The forward reads
 state slots (`kv.read_slots`) over a uniform step; a row with a token at position 0 starts from a zero state; tokens
 at position -1 (padding) read as zero inputs and never enter the state, which ends at each row's last
 valid token. Prefill and decode are the same vectorised code (L shifted products, no loop over tokens).
+
+`HF_CONFIG` reads LFM2's names (`norm_eps`, `conv_L_cache`, the 4.x aliases `block_ff_dim`, `tie_embedding`,
+`full_attn_idxs`); `hf_config_read` gives the MLP the size it really has (`block_auto_adjust_ff_dim`: 2/3 of
+it, times `block_ffn_dim_multiplier`, rounded up to `block_multiple_of`), so the dict written says
+`block_auto_adjust_ff_dim: false`.
 """
 
 from __future__ import annotations
@@ -21,12 +26,49 @@ from flax import nnx
 
 from jaxchat.models import llama
 from jaxchat.models.base import RecurrentState
-from jaxchat.models.config import ModelConfig
+from jaxchat.models.config import HF, ModelConfig, layer_types_of
 from jaxchat.models.entries import Entry
 from jaxchat.models.kv import LayerKV, from_rows, read_slots, to_rows, write_slots
 from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm, param
 from jaxchat.models.llama import attention_entries
 from jaxchat.models.quant import qeinsum
+
+LAYER_TYPES = ("conv", "full_attention")
+
+
+def attention_at(kw: dict, d: dict) -> list[str]:  # 4.x: full_attn_idxs (default: every layer attention)
+    idxs = d.get("full_attn_idxs")
+    idxs = range(kw["num_layers"]) if idxs is None else idxs
+    return ["full_attention" if i in idxs else "conv" for i in range(kw["num_layers"])]
+
+
+HF_CONFIG = (
+    HF("intermediate_size", ("block_ff_dim", "intermediate_size"), conv=int, out="intermediate_size"),
+    HF("rms_norm_eps", ("norm_eps", "rms_norm_eps"), 1e-5, float),
+    HF("rope_theta", "rope_theta", 1000000.0, float),
+    HF("max_position_embeddings", "max_position_embeddings", 128000, int),
+    HF("tie_word_embeddings", ("tie_embedding", "tie_word_embeddings"), True, bool, out="tie_word_embeddings"),
+    HF("hidden_act", default="silu"),
+    HF("qk_norm", default=True),
+    HF("layer_types", "layer_types", conv=layer_types_of(LAYER_TYPES), derive=attention_at),
+    HF("conv_kernel_size", "conv_L_cache", 3, int),
+    HF("conv_bias", "conv_bias", False, bool),
+)
+
+
+def hf_config_read(d: dict, kw: dict) -> None:
+    if d.get("block_auto_adjust_ff_dim", True):  # the size the MLP really has
+        ff = int(2 * kw["intermediate_size"] / 3)
+        mult = d.get("block_ffn_dim_multiplier", 1.0)
+        if mult is not None:
+            ff = int(mult * ff)
+            step = int(d.get("block_multiple_of", 256))
+            ff = step * ((ff + step - 1) // step)
+        kw["intermediate_size"] = ff
+
+
+def hf_config_write(cfg: ModelConfig, d: dict) -> None:
+    d["block_auto_adjust_ff_dim"] = False  # intermediate_size is the real one
 
 
 def is_attention(cfg: ModelConfig, i: int) -> bool:

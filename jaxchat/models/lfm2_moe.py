@@ -7,6 +7,7 @@ unbiased scores, renormalised when `norm_topk_prob`, times `routed_scaling_facto
 experts only (`moe.dispatch` / `expert_matmul` / `combine`): silu(x W1) * (x W3) then W2. Expert weights
 are kept [experts, in, out] (gate and up [E, hidden, moe_intermediate], down [E, moe_intermediate, hidden]);
 the HF table reads the per-expert tensors (`feed_forward.experts.<j>.w1/w2/w3.weight`) transformers saves.
+`HF_CONFIG`: lfm2's fields (`layer_types` required, no MLP size adjustment) and the routing ones.
 """
 
 from __future__ import annotations
@@ -15,12 +16,23 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxchat.models import moe
-from jaxchat.models.config import ModelConfig
+from jaxchat.models import lfm2, moe
+from jaxchat.models.config import EXPERTS, HF, REQUIRED, ModelConfig, layer_types_of
 from jaxchat.models.entries import Entry
 from jaxchat.models.layers import MLP, param
 from jaxchat.models.lfm2 import Model as Lfm2Model
 from jaxchat.models.lfm2 import global_entries, layer_entries, mlp_entries
+
+HF_CONFIG = (
+    *lfm2.HF_CONFIG,
+    HF("layer_types", "layer_types", conv=layer_types_of(lfm2.LAYER_TYPES),
+       derive=lambda kw, d: REQUIRED if d.get("full_attn_idxs") is None else lfm2.attention_at(kw, d)),
+    *EXPERTS,
+    HF("norm_topk_prob", "norm_topk_prob", True, bool),
+    HF("routed_scaling_factor", "routed_scaling_factor", 1.0, float),
+    HF("use_expert_bias", "use_expert_bias", True, bool),
+    HF("num_dense_layers", "num_dense_layers", 2, int),
+)
 
 
 class SigmoidMoE(nnx.Module):

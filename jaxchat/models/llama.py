@@ -2,17 +2,21 @@
 
 Contract: `LlamaBlock` is the shared pre-norm block (x + attn(norm(x)); x + mlp(norm(x))) that the
 qwen2 (q/k/v bias) and qwen3 (q/k norm) families reuse through config flags; `Model` is the causal
-LM; `hf_entries(cfg)` is the strict HF tensor-name table (name -> param path, HF shape, converter).
+LM; `hf_entries(cfg)` is the strict HF tensor-name table (name -> param path, HF shape, converter);
+`HF_CONFIG` its config.json fields beyond `config.SHARED` (none but a check); `GGUF_ARCH` its llama.cpp name.
 """
 
 from __future__ import annotations
 
 from flax import nnx
 
-from jaxchat.models.config import ModelConfig
+from jaxchat.models.config import HF, ModelConfig
 from jaxchat.models.entries import Entry
 from jaxchat.models.kv import LayerKV
 from jaxchat.models.layers import MLP, Attention, CausalLM, RMSNorm
+
+HF_CONFIG = (HF(None, "mlp_bias"),)  # the shared fields; MLP biases are not supported
+GGUF_ARCH = "llama"
 
 
 class LlamaBlock(nnx.Module):

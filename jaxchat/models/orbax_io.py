@@ -1,7 +1,7 @@
 """Orbax checkpoints: a self-contained directory with params, config and tokenizer.
 
 Contract: `save_orbax(model, dst)` writes `dst/params` (an orbax StandardCheckpointer tree of the
-pure param dict), `dst/config.json` (HF-style, see `ModelConfig.to_hf_config`), the tokenizer files
+pure param dict), `dst/config.json` (HF-style, see `families.to_hf_config`), the tokenizer files
 (`save_pretrained`, chat template included) and `dst/jaxchat_orbax.json` (the marker `load_model`
 detects, with dtype, eos/bos ids and the chat template). `load_orbax(dst, dtype, mesh)` restores
 straight into the target dtype and, given a mesh, into the target `NamedSharding`s (no host copy
@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 
 from jaxchat.models.base import LoadedModel
-from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models.config import ModelLoadError
+from jaxchat.models.families import from_hf_config, to_hf_config
 
 MARKER = "jaxchat_orbax.json"
 
@@ -31,7 +32,7 @@ def save_orbax(model: LoadedModel, dst: str | Path) -> Path:
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(dst / "params", _plain(model.params))
         ckptr.wait_until_finished()
-    (dst / "config.json").write_text(json.dumps(model.config.to_hf_config(), indent=2))
+    (dst / "config.json").write_text(json.dumps(to_hf_config(model.config), indent=2))
     if model.tokenizer is not None:
         tok = model.tokenizer
         if model.chat_template and not getattr(tok, "chat_template", None):
@@ -59,7 +60,7 @@ def load_orbax(path: str | Path, dtype="float32", mesh=None) -> LoadedModel:
 
     path = Path(path).absolute()
     meta = json.loads((path / MARKER).read_text())
-    cfg = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    cfg = from_hf_config(json.loads((path / "config.json").read_text()))
     graphdef, _ = abstract_model(cfg, dtype)
     quantize = meta.get("quantize")
     if quantize:

@@ -12,7 +12,9 @@ transformers' `save_pretrained` (`mlp.experts.{j}.gate_proj/up_proj/down_proj.we
 [E, 2f, d], `mlp.experts.down_proj` [E, d, f]), per layer whichever the checkpoint has. When every layer
 is sparse the layers are stacked; layers that `mlp_only_layers` / `decoder_sparse_step` make dense (the
 Qwen3 SwiGLU MLP of `intermediate_size`) make the model a listed one (`layers.CausalLM`), each layer its
-own block and table rows.
+own block and table rows. `HF_CONFIG`: the Qwen3 fields and the experts (`num_experts`, or 5.x's
+`num_local_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`, `decoder_sparse_step`,
+`mlp_only_layers`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxchat.models import moe, quant
-from jaxchat.models.config import ModelConfig
+from jaxchat.models import moe, quant, qwen3
+from jaxchat.models.config import EXPERTS, HF, ModelConfig, ints
 from jaxchat.models.entries import Entry, listed
 from jaxchat.models.layers import CausalLM, param
 from jaxchat.models.llama import LlamaBlock, attention_entries, global_entries, mlp_entries
+
+SPARSE_LAYERS = (  # which layers route (`ModelConfig.is_sparse`)
+    HF("decoder_sparse_step", "decoder_sparse_step", 1, int),
+    HF("mlp_only_layers", "mlp_only_layers", (), ints),
+)
+HF_CONFIG = (*qwen3.HF_CONFIG, *EXPERTS, HF("num_experts", ("num_experts", "num_local_experts"), conv=int),
+             HF("norm_topk_prob", "norm_topk_prob", False, bool), *SPARSE_LAYERS)
 
 
 class SparseMLP(nnx.Module):

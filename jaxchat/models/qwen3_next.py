@@ -17,6 +17,9 @@ Contract:
   loader applies first, re-exported by the thin family modules) renames a multimodal checkpoint's
   "model.language_model." tensors, skips "mtp." and "model.visual." ones and fuses per-expert tensors
   (transformers' `save_pretrained`, Qwen3-Next checkpoints) into the stacked form.
+- config.json: `HYBRID_CONFIG` the fields every hybrid reads (layer types, or every
+  `full_attention_interval`-th layer full; the DeltaNet sizes; partial rotary 0.25 by default),
+  `ROUTED` the routed and shared experts; `HF_CONFIG` Qwen3-Next's (which layers route as in qwen3_moe).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from flax import nnx
 
 from jaxchat.models import moe
 from jaxchat.models.base import RecurrentState
-from jaxchat.models.config import ModelConfig, ModelLoadError
+from jaxchat.models.config import EXPERTS, HF, ModelConfig, ModelLoadError, layer_types_of
 from jaxchat.models.deltanet import GatedDeltaNet, state_shapes
 from jaxchat.models.entries import Entry, listed
 from jaxchat.models.kv import LayerKV
@@ -46,6 +49,27 @@ from jaxchat.models.layers import (
 )
 from jaxchat.models.llama import global_entries, mlp_entries
 from jaxchat.models.quant import qeinsum
+from jaxchat.models.qwen3_moe import SPARSE_LAYERS
+
+HYBRID_CONFIG = (
+    HF("qk_norm", default=True),
+    HF(None, "attention_bias"),
+    HF("partial_rotary_factor", "partial_rotary_factor", 0.25, float),
+    HF("layer_types", "layer_types", conv=layer_types_of(("linear_attention", "full_attention")),
+       derive=lambda kw, d: ["linear_attention" if (i + 1) % int(d.get("full_attention_interval") or 4)
+                             else "full_attention" for i in range(kw["num_layers"])]),
+    *(HF(k, k, conv=int) for k in ("linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                                  "linear_num_value_heads")),
+    HF("linear_conv_kernel_dim", "linear_conv_kernel_dim", 4, int),
+)
+ROUTED = (*EXPERTS, HF("shared_expert_intermediate_size", "shared_expert_intermediate_size", conv=int))
+HF_CONFIG = (*HYBRID_CONFIG, *ROUTED, HF("norm_topk_prob", "norm_topk_prob", True, bool), *SPARSE_LAYERS)
+
+
+def hf_config_read(d: dict, kw: dict) -> None:
+    if kw["linear_num_value_heads"] % kw["linear_num_key_heads"]:
+        raise ModelLoadError("config.json: linear_num_key_heads does not divide linear_num_value_heads")
+
 
 HF_RENAMES = {"model.language_model.": "model."}  # Qwen3.5's multimodal checkpoints: the text decoder's tensors
 HF_SKIPPED = ("mtp.", "model.visual.")  # multi-token-prediction heads and the vision tower: not loaded

@@ -22,31 +22,28 @@ GEMMA4 = {"num_hidden_layers": 6, "sliding_window": 8, "global_head_dim": 32, "n
           "top_k_experts": 2, "moe_intermediate_size": 32, "final_logit_softcapping": 30.0}
 
 
-def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shard_size=None, **overrides):
-    """Save a random tiny `family` checkpoint (norms and biases randomised too) and return the torch model."""
-    import torch
+def tiny_hf_config(family: str, **overrides):
+    """The transformers config of the tiny `family` checkpoint and its model class."""
     import transformers as tf
 
-    torch.manual_seed(seed)
     kw = {**COMMON, **overrides}
     if family == "llama":
-        cfg = tf.LlamaConfig(**kw, rope_theta=500000.0, rope_scaling={
+        return tf.LlamaConfig(**kw, rope_theta=500000.0, rope_scaling={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16})
-        model = tf.LlamaForCausalLM(cfg)
-    elif family == "qwen2":
-        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**kw, tie_word_embeddings=True))
-    elif family == "qwen3":
-        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**kw))
-    elif family == "qwen3_moe":
+            "original_max_position_embeddings": 16}), tf.LlamaForCausalLM
+    if family == "qwen2":
+        return tf.Qwen2Config(**kw, tie_word_embeddings=True), tf.Qwen2ForCausalLM
+    if family == "qwen3":
+        return tf.Qwen3Config(**kw), tf.Qwen3ForCausalLM
+    if family == "qwen3_moe":
         moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}
-        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**{**moe, **kw}))
-    elif family == "gemma3_text":
+        return tf.Qwen3MoeConfig(**{**moe, **kw}), tf.Qwen3MoeForCausalLM
+    if family == "gemma3_text":
         kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
         cfg = tf.Gemma3TextConfig(**kw, sliding_window=8, query_pre_attn_scalar=24, final_logit_softcapping=30.0)
         cfg.layer_types = ["sliding_attention", "full_attention"] * (kw["num_hidden_layers"] // 2)
-        model = tf.Gemma3ForCausalLM(cfg)
-    elif family == "gpt_oss":
+        return cfg, tf.Gemma3ForCausalLM
+    if family == "gpt_oss":
         # 4 layers alternating sliding (window 8 < the 32-token prompts) / full; 8 experts, top 4; the
         # default YaRN rope (factor 32 over 4096 original positions: its ramp falls inside head_dim 16, and
         # its attention factor scales cos/sin; max_position_embeddings = factor x original, as transformers
@@ -58,20 +55,19 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         kw.setdefault("sliding_window", 8)
         kw.setdefault("swiglu_limit", 1.0)
         kw["max_position_embeddings"] = overrides.get("max_position_embeddings", 32 * 4096)  # YaRN's 32 x 4096
-        model = tf.GptOssForCausalLM(tf.GptOssConfig(**kw))
-    elif family == "gemma4_text":
-        model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**{**COMMON, **GEMMA4, **overrides}))
-    elif family in ("lfm2", "lfm2_moe"):  # conv first, attention between, 4 layers
+        return tf.GptOssConfig(**kw), tf.GptOssForCausalLM
+    if family == "gemma4_text":
+        return tf.Gemma4TextConfig(**{**COMMON, **GEMMA4, **overrides}), tf.Gemma4ForCausalLM
+    if family in ("lfm2", "lfm2_moe"):  # conv first, attention between, 4 layers
         kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
         kw.setdefault("layer_types", (["conv", "full_attention"] * 4)[:kw["num_hidden_layers"]])
         kw.pop("head_dim")
         kw["initializer_range"] = 0.15  # the default 0.02 leaves the conv branch too small to test
         if family == "lfm2":  # MLP size 2/3 * 128 rounded up to 32 (96), as LFM2 adjusts it
-            model = tf.Lfm2ForCausalLM(tf.Lfm2Config(**kw, block_multiple_of=32, tie_word_embeddings=False))
-        else:
-            model = tf.Lfm2MoeForCausalLM(tf.Lfm2MoeConfig(**kw, moe_intermediate_size=32, num_experts=8,
-                                                          num_experts_per_tok=2, num_dense_layers=1))
-    elif family in HYBRIDS:
+            return tf.Lfm2Config(**kw, block_multiple_of=32, tie_word_embeddings=False), tf.Lfm2ForCausalLM
+        return tf.Lfm2MoeConfig(**kw, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                num_dense_layers=1), tf.Lfm2MoeForCausalLM
+    if family in HYBRIDS:
         kw["num_hidden_layers"] = overrides.get("num_hidden_layers", 4)
         kw.update(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
@@ -80,14 +76,21 @@ def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shar
         moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                "shared_expert_intermediate_size": 48}
         if family == "qwen3_next":
-            model = tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**kw, **moe, mlp_only_layers=[2]))
-        elif family == "qwen3_5_text":
-            model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**kw))
-        else:
-            kw.pop("intermediate_size")
-            model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**kw, **moe))
-    else:
-        raise ValueError(family)
+            return tf.Qwen3NextConfig(**kw, **moe, mlp_only_layers=[2]), tf.Qwen3NextForCausalLM
+        if family == "qwen3_5_text":
+            return tf.Qwen3_5TextConfig(**kw), tf.Qwen3_5ForCausalLM
+        kw.pop("intermediate_size")
+        return tf.Qwen3_5MoeTextConfig(**kw, **moe), tf.Qwen3_5MoeForCausalLM
+    raise ValueError(family)
+
+
+def build_tiny(family: str, out_dir, *, dtype="float32", seed: int = 0, max_shard_size=None, **overrides):
+    """Save a random tiny `family` checkpoint (norms and biases randomised too) and return the torch model."""
+    import torch
+
+    torch.manual_seed(seed)
+    cfg, model_cls = tiny_hf_config(family, **overrides)
+    model = model_cls(cfg)
     model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

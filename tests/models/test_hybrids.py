@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxchat.models import ModelConfig, load_model, save_orbax
+from jaxchat.models import from_hf_config, load_model, save_orbax, to_hf_config
 from jaxchat.models.base import RecurrentState
 from jaxchat.models.deltanet import chunk_delta_rule as chunked
 from jaxchat.models.deltanet import recurrent_step
@@ -131,13 +131,13 @@ def test_padding_and_stale_state_rows_are_independent(hybrids):
 @pytest.mark.parametrize("family", HYBRIDS)
 def test_config_round_trip_and_wrappers(family, tiny_dirs):
     raw = json.loads((tiny_dirs[family][0] / "config.json").read_text())
-    cfg = ModelConfig.from_hf_config(raw)
+    cfg = from_hf_config(raw)
     assert cfg.family == family and cfg.layer_types[0] == "linear_attention" and cfg.partial_rotary_factor == 0.5
-    back = ModelConfig.from_hf_config(cfg.to_hf_config())
+    back = from_hf_config(to_hf_config(cfg))
     assert back == cfg and hash(back) == hash(cfg)
     wrapper = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe"}.get(family)
     if wrapper:  # the multimodal checkpoints' config: the text decoder's fields under text_config
-        assert ModelConfig.from_hf_config({"model_type": wrapper, "text_config": raw}) == cfg
+        assert from_hf_config({"model_type": wrapper, "text_config": raw}) == cfg
 
 
 def test_orbax_round_trip(hybrids, tmp_path):

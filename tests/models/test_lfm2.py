@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxchat.models import ModelConfig, ModelLoadError, load_model
+from jaxchat.models import ModelLoadError, from_hf_config, load_model, to_hf_config
 
 from .paged import PagedRows
 from .test_loading import _rewrite
@@ -21,9 +21,9 @@ TOL = 1e-4
 
 @pytest.mark.parametrize("family", ["lfm2", "lfm2_moe"])
 def test_config_round_trip(family, tiny_dirs):
-    cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
+    cfg = from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
     assert cfg.layer_types == ("conv", "full_attention", "conv", "full_attention") and cfg.qk_norm
-    back = ModelConfig.from_hf_config(cfg.to_hf_config())
+    back = from_hf_config(to_hf_config(cfg))
     assert back == cfg and hash(back) == hash(cfg)
     if family == "lfm2":
         assert cfg.intermediate_size == 96  # int(2 * 128 / 3) = 85, rounded up to block_multiple_of 32
@@ -34,15 +34,15 @@ def test_config_round_trip(family, tiny_dirs):
 def test_lfm2_4x_config_aliases_and_errors():
     base = {"model_type": "lfm2", "vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4,
             "num_key_value_heads": 2, "num_hidden_layers": 4}
-    cfg = ModelConfig.from_hf_config({**base, "block_ff_dim": 12288, "tie_embedding": False, "full_attn_idxs": [1, 3],
+    cfg = from_hf_config({**base, "block_ff_dim": 12288, "tie_embedding": False, "full_attn_idxs": [1, 3],
                                       "rope_theta": 1000000.0, "norm_eps": 1e-5})
     assert cfg.layer_types == ("conv", "full_attention", "conv", "full_attention")
     assert cfg.intermediate_size == 8192 and not cfg.tie_word_embeddings and cfg.rope_theta == 1e6
-    assert ModelConfig.from_hf_config({**base, "intermediate_size": 96, "block_auto_adjust_ff_dim": False}).intermediate_size == 96
+    assert from_hf_config({**base, "intermediate_size": 96, "block_auto_adjust_ff_dim": False}).intermediate_size == 96
     with pytest.raises(ModelLoadError, match="layer_types entry 'mamba'"):
-        ModelConfig.from_hf_config({**base, "intermediate_size": 8, "layer_types": ["conv", "mamba", "conv", "conv"]})
+        from_hf_config({**base, "intermediate_size": 8, "layer_types": ["conv", "mamba", "conv", "conv"]})
     with pytest.raises(ModelLoadError, match="'layer_types'"):
-        ModelConfig.from_hf_config({**base, "model_type": "lfm2_moe", "intermediate_size": 8, "num_experts": 4,
+        from_hf_config({**base, "model_type": "lfm2_moe", "intermediate_size": 8, "num_experts": 4,
                                     "num_experts_per_tok": 2, "moe_intermediate_size": 8})
 
 

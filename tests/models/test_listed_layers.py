@@ -73,7 +73,7 @@ def test_listed_cache_dims_give_each_layer_its_own_shape(llama_dir):
     """A layer whose cache_dims entry is None keeps no pool; others get pages of their own kv heads and head dim
     (keys [pages, KV, D, page], values [pages, KV, page, D]), or their recurrent state arrays [slots, ...]
     (`RecurrentState`, in its own dtype)."""
-    from jaxchat.models import ModelConfig
+    from jaxchat.models import from_hf_config
     from jaxchat.models.base import RecurrentState, new_pools
 
     class Mixed(ListedLlama):
@@ -86,7 +86,7 @@ def test_listed_cache_dims_give_each_layer_its_own_shape(llama_dir):
         def cache_dims(cls, cfg):
             return (RecurrentState(((64, 3), (4, 8, 8)), "float32"), (cfg.num_kv_heads, cfg.head_dim), None)
 
-    cfg = ModelConfig.from_hf_config(llama_dir[1].config.to_dict())
+    cfg = from_hf_config(llama_dir[1].config.to_dict())
     backend = XlaAttention(4)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(llama_module, "Model", Mixed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from jaxchat.models import ModelConfig, ModelLoadError, load_model
+from jaxchat.models import ModelLoadError, from_hf_config, load_model, to_hf_config
 from jaxchat.models.gguf_loader import hf_name, unpermute
 
 
@@ -70,24 +70,24 @@ def test_unpermute_inverts_llama_cpp_permutation():
 
 def test_config_errors_name_the_field():
     with pytest.raises(ModelLoadError, match="model_type 'mamba'"):
-        ModelConfig.from_hf_config({"model_type": "mamba"})
+        from_hf_config({"model_type": "mamba"})
     with pytest.raises(ModelLoadError, match="'intermediate_size'"):
-        ModelConfig.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
+        from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
                                     "vocab_size": 4, "num_hidden_layers": 1})
     with pytest.raises(ModelLoadError, match="rope_type 'longrope'"):
-        ModelConfig.from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
+        from_hf_config({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
                                     "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 8,
                                     "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
     with pytest.raises(ModelLoadError, match="'num_local_experts'"):
-        ModelConfig.from_hf_config({"model_type": "gpt_oss", "hidden_size": 8, "num_attention_heads": 2,
+        from_hf_config({"model_type": "gpt_oss", "hidden_size": 8, "num_attention_heads": 2,
                                     "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 8,
                                     "sliding_window": 4, "num_experts_per_tok": 2})
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe", "gpt_oss", "gemma4_text"])
 def test_config_round_trip(family, tiny_dirs):
-    cfg = ModelConfig.from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
-    back = ModelConfig.from_hf_config(cfg.to_hf_config())
+    cfg = from_hf_config(json.loads((tiny_dirs[family][0] / "config.json").read_text()))
+    back = from_hf_config(to_hf_config(cfg))
     assert back == cfg and hash(back) == hash(cfg)
     if family == "llama":
         assert cfg.rope_scaling["rope_type"] == "llama3"
@@ -107,7 +107,7 @@ def test_config_round_trip(family, tiny_dirs):
         assert cfg.rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
         assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 32)
         wrapped = {"model_type": "gemma4", "text_config": json.loads((tiny_dirs[family][0] / "config.json").read_text())}
-        assert ModelConfig.from_hf_config(wrapped) == cfg
+        assert from_hf_config(wrapped) == cfg
     else:
         assert cfg.is_sliding == (True, False, True, False) and cfg.sliding_window == 8
 
@@ -123,11 +123,11 @@ def test_gemma4_config_errors_name_the_field(tiny_dirs):
                           ({"enable_moe_block": True, "top_k_experts": None}, "top_k_experts"),
                           ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn"}}}, "sliding_attention")):
         with pytest.raises(ModelLoadError, match=field):
-            ModelConfig.from_hf_config({**d, **change})
+            from_hf_config({**d, **change})
     # the published form: global_head_dim / num_global_key_value_heads instead of per_layer_config
     published = {k: v for k, v in d.items() if k != "per_layer_config"}
     published.update(global_head_dim=32, num_global_key_value_heads=1)
-    assert ModelConfig.from_hf_config(published) == ModelConfig.from_hf_config(d)
+    assert from_hf_config(published) == from_hf_config(d)
 
 
 def test_not_a_model(tmp_path):
@@ -140,7 +140,7 @@ def test_not_a_model(tmp_path):
 def test_gpt_oss_config_of_the_real_checkpoint():
     """openai/gpt-oss-20b's config.json (transformers 4.x layout: rope_scaling, experts_per_token, an
     MXFP4 quantization_config) reads to its architecture."""
-    cfg = ModelConfig.from_hf_config({
+    cfg = from_hf_config({
         "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002,
         "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
         "initial_context_length": 4096, "intermediate_size": 2880, "max_position_embeddings": 131072,
@@ -156,7 +156,7 @@ def test_gpt_oss_config_of_the_real_checkpoint():
     assert (cfg.num_layers, cfg.num_experts, cfg.num_experts_per_tok, cfg.head_dim) == (24, 32, 4, 64)
     assert cfg.is_sliding[:4] == (True, False, True, False) and cfg.sliding_window == 128
     assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.eos_token_ids == (200002,)
-    assert ModelConfig.from_hf_config(cfg.to_hf_config()) == cfg
+    assert from_hf_config(to_hf_config(cfg)) == cfg
 
 
 def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxchat.models import ModelConfig
+from jaxchat.models import from_hf_config
 from jaxchat.models.layers import rope_attention_factor, rope_inv_freq
 
 YARNS = [
@@ -27,7 +27,7 @@ def test_yarn_matches_transformers(yarn, head_dim):
                          max_position_embeddings=131072,
                          rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, **yarn})
     want_inv, want_factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
-    cfg = ModelConfig.from_hf_config(hf.to_dict())
+    cfg = from_hf_config(hf.to_dict())
     assert cfg.rope_scaling["rope_type"] == "yarn"
     inv = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
     np.testing.assert_allclose(inv, want_inv.numpy(), rtol=1e-6)

@@ -10,8 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxchat.models import FAMILIES
-from jaxchat.models.config import ModelConfig
+from jaxchat.models import FAMILIES, from_hf_config
 from jaxchat.models.families import abstract_model, table
 from jaxchat.models.hf_loader import gemma_text_tensors, read_safetensors, safetensors_files, text_decoder_tensors
 from jaxchat.models.shard_read import needed_box, read_block
@@ -20,7 +19,7 @@ from jaxchat.models.weights import _entry_target, _leaf_shapes
 
 def checkpoint(directory):
     hf_config = json.loads((directory / "config.json").read_text())
-    cfg = ModelConfig.from_hf_config(hf_config)
+    cfg = from_hf_config(hf_config)
     tensors = text_decoder_tensors(cfg, gemma_text_tensors(hf_config, read_safetensors(safetensors_files(directory))))
     return cfg, tensors
 
