@@ -84,10 +84,10 @@ class ModelConfig:
     num_dense_layers: int = 0  # the first layers keep a dense MLP
     # Gated DeltaNet hybrids (qwen3_next, qwen3_5_text, qwen3_5_moe); layer_types "linear_attention" | "full_attention"
     partial_rotary_factor: float = 1.0  # rope on the first head_dim * factor dims of q and k
-    linear_conv_kernel_dim: int = 4
-    linear_key_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4  # the short causal convolution's window over q, k and v
+    linear_key_head_dim: int = 0  # the DeltaNet state is [value heads, key dim, value dim] per row
     linear_value_head_dim: int = 0
-    linear_num_key_heads: int = 0
+    linear_num_key_heads: int = 0  # q and k heads (each shared by value_heads / key_heads value heads)
     linear_num_value_heads: int = 0
     # the shared expert (qwen3_next, qwen3_5_moe)
     shared_expert_intermediate_size: int = 0
