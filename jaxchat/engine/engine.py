@@ -50,7 +50,8 @@ Contract:
   engine: a finaliser) stops the thread and releases the device state and compiled programs; idempotent.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
   prefix_cache_hit_tokens, jump_forward_tokens, preemptions, kv_pages_used, kv_pages_total, kv_page_size,
-  compile_count, compiles_after_warmup, compile_cache_hits, programs_loaded) for /metrics.
+  compile_count, compiles_after_warmup, compile_cache_hits, programs_loaded) for /metrics; the compile counts
+  are this engine's own (its warm-up and its steps, `compiles.Tally`), not the process's.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ from jax.sharding import PartitionSpec as P
 from jaxchat.engine import pool_size
 from jaxchat.engine.arrivals import Arrival, Arrivals
 from jaxchat.engine.attention_xla import XlaAttention
-from jaxchat.engine.compiles import cache_hit_count, compile_count
+from jaxchat.engine.compiles import Tally
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
@@ -257,6 +258,7 @@ class Engine:
         burst_window_s: float = BURST_WINDOW_S,
     ) -> None:
         self.model = model
+        self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
         self.mesh = mesh if mesh is not None else (getattr(model, "mesh", None) or make_mesh())
@@ -297,10 +299,12 @@ class Engine:
         self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, jump_forward=jump_forward,
                                    prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest(),
                                    overlap=overlap,
-                                   draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0)
+                                   draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0,
+                                   compiles=self.compiles)
         if warmup:
-            self._warmup()
-        self._compiles_at_ready = compile_count()
+            with self.compiles.counting():
+                self._warmup()
+        self._compiles_at_ready = self.compiles.compiles
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self._core = _Core(self.scheduler, self._mailbox, burst_gap_s, burst_window_s)
         self.arrivals = self._core.arrivals  # requests the server is still reading (`expect_request`)
@@ -321,7 +325,7 @@ class Engine:
         and a log line of how many were compiled and how many loaded."""
         from tqdm import tqdm
 
-        t0, compiles, hits = time.perf_counter(), compile_count(), cache_hit_count()
+        t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
         store = self.runner.executables
         with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
             def progress(done: int, total: int) -> None:
@@ -329,7 +333,7 @@ class Engine:
                 bar.update(done - bar.n)
 
             self.runner.warmup(progress)
-        compiled, loaded = compile_count() - compiles, cache_hit_count() - hits
+        compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized = store.loaded if store is not None else 0
         log.info("Warm-up: %d programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
                  "as executables)", len(self.runner.program_keys()), time.perf_counter() - t0, compiled - loaded,
@@ -433,7 +437,7 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         s = self.scheduler
-        total = compile_count()
+        total = self.compiles.compiles
         return {
             "running": len(s.running),
             "waiting": len(s.waiting) + s.inbox_size(),
@@ -452,6 +456,6 @@ class Engine:
             "kv_page_size": s.pool.page_size,
             "compile_count": total,
             "compiles_after_warmup": total - self._compiles_at_ready,
-            "compile_cache_hits": cache_hit_count(),
+            "compile_cache_hits": self.compiles.cache_hits,
             "programs_loaded": self.runner.executables.loaded if self.runner.executables is not None else 0,
         }

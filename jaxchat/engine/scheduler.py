@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxchat.engine.compiles import Tally
 from jaxchat.engine.pages import PagePool
 from jaxchat.engine.sequence import Sequence
 from jaxchat.engine.speculate import Speculator
@@ -78,8 +79,10 @@ class StepPlan(NamedTuple):
 
 class Scheduler:
     def __init__(self, runner: Any, tokenizer: Any, eos_token_ids: tuple[int, ...] = (), jump_forward: bool = True,
-                 prefix_cache: bool = True, salt: bytes = b"", overlap: bool = False, draft_tokens: int = 0) -> None:
+                 prefix_cache: bool = True, salt: bytes = b"", overlap: bool = False, draft_tokens: int = 0,
+                 compiles: Tally | None = None) -> None:
         self.runner = runner
+        self.compiles = compiles or Tally()  # what the steps compile, whichever thread runs them
         self.speculator = Speculator(draft_tokens, getattr(runner, "max_verify_tokens", 0), runner.max_context,
                                      runner.mask_words)
         self.overlap = overlap
@@ -130,6 +133,10 @@ class Scheduler:
 
     # ---- the loop body ---------------------------------------------------------------------------------
     def step(self) -> None:
+        with self.compiles.counting():
+            self._step()
+
+    def _step(self) -> None:
         self._take_inbox()
         with self._lock:
             aborts = set(self._aborts)
