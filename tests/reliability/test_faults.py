@@ -216,7 +216,7 @@ BOMB_TOOL = {"type": "function", "function": {"name": "parser_bomb", "parameters
 def _arm_parser_bomb(monkeypatch) -> None:
     """The parser raises for requests that carry the `parser_bomb` tool (streamed and not)."""
     import jaxchat.api.chat_run as chat_run_mod
-    import jaxchat.api.service as service_mod
+    import jaxchat.api.pipeline as pipeline_mod
 
     def armed(options) -> bool:
         return any(t.get("function", {}).get("name") == "parser_bomb" for t in options.tools)
@@ -232,7 +232,7 @@ def _arm_parser_bomb(monkeypatch) -> None:
                 raise RuntimeError("injected parser failure")
             return super().update(text, is_final)
 
-    real_parse = service_mod.chat_parse
+    real_parse = pipeline_mod.chat_parse
 
     def bomb_parse(spec, text, is_partial, options=None, *a, **kw):
         if options is not None and armed(options):
@@ -240,7 +240,7 @@ def _arm_parser_bomb(monkeypatch) -> None:
         return real_parse(spec, text, is_partial, options, *a, **kw)
 
     monkeypatch.setattr(chat_run_mod, "ChatStream", BombStream)
-    monkeypatch.setattr(service_mod, "chat_parse", bomb_parse)
+    monkeypatch.setattr(pipeline_mod, "chat_parse", bomb_parse)
 
 
 def _arm_detok_bomb(monkeypatch, message: str = "injected detokenizer failure") -> None:
