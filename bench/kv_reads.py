@@ -78,8 +78,7 @@ def main() -> None:
     # the number of loop iterations this step runs: the plan the step itself builds, evaluated here
     blocks = attention_xla.decode_blocks(jax.tree.map(jnp.asarray, forward_args.step))
     kv_block = backend.kv_block_of(blocks)
-    keys = jax.tree.leaves(runner.state.pools)[0]  # [pages, KV, D, page] (or a layer axis before)
-    item_bytes = kv_block * keys.shape[-3] * keys.shape[-2] * keys.shape[-1] * keys.dtype.itemsize
+    item_bytes = kv_block * attention_xla.key_page_bytes(jax.tree.leaves(runner.state.pools)[0])
     items = attention_xla.plan_items(blocks, jnp.asarray(forward_args.step.page_tables), ps, kv_block, None,
                                      attention_xla.items_per_iteration(blocks, item_bytes, backend.iteration_bytes))
     trips = int(items.trips)

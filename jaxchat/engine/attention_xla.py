@@ -128,6 +128,11 @@ def chunk_blocks(step: StepInputs, qb: int, shortest: int = 2, longest: int | No
     return Blocks(tokens, row, pos)
 
 
+def key_page_bytes(keys) -> int:
+    """Bytes of one page of a pool's keys (KV x D x page_size; `keys` of either layout)."""
+    return keys.shape[-3] * keys.shape[-2] * keys.shape[-1] * keys.dtype.itemsize
+
+
 def items_per_iteration(blocks: Blocks, item_bytes: int, iteration_bytes: int | None) -> int:
     """G, the items one loop iteration takes: for one-token blocks (decode rows) two per block, at most
     `iteration_bytes` of keys (None: no bound; at least one item); 16 for query blocks."""
@@ -276,12 +281,10 @@ class XlaStepAttention:
     def items(self, window: int | None, pool) -> tuple[Items, ...]:
         if window not in self._items:
             b = self.backend
-            keys = pool[0]
-            per_page = keys.shape[-3] * keys.shape[-2] * keys.shape[-1] * keys.dtype.itemsize  # KV x D x page
             plans = []
             for blocks in self.passes:
                 kv_block = b.kv_block_of(blocks)
-                per_iter = items_per_iteration(blocks, kv_block * per_page, b.iteration_bytes)
+                per_iter = items_per_iteration(blocks, kv_block * key_page_bytes(pool[0]), b.iteration_bytes)
                 plans.append(plan_items(blocks, self.step.page_tables, b.page_size, kv_block, window, per_iter))
             self._items[window] = tuple(plans)
         return self._items[window]

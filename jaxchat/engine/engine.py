@@ -149,10 +149,9 @@ def attention_backend(name: str, config: Any, platform: str, page_size: int):
     if name == "auto":
         name = "pallas" if platform == "tpu" and why is None else "xla"
     if name == "xla":
-        if platform == "cpu":  # decode items of 32 positions, an iteration's keys within 1 MiB (cache-sized)
-            return XlaAttention(page_size, kv_block=max(1, 128 // page_size), decode_kv_block=max(1, 32 // page_size),
-                                iteration_bytes=1 << 20)
-        return XlaAttention(page_size, kv_block=max(1, 128 // page_size))
+        # on CPU: decode items of 32 positions, an iteration's keys within 1 MiB (cache-sized)
+        cpu = {"decode_kv_block": max(1, 32 // page_size), "iteration_bytes": 1 << 20} if platform == "cpu" else {}
+        return XlaAttention(page_size, kv_block=max(1, 128 // page_size), **cpu)
     if why is not None:
         raise ValueError(f"--attention pallas cannot run this model: {why}; use --attention xla")
     return attention_tpu.PallasAttention(page_size, interpret=platform != "tpu")
