@@ -53,7 +53,7 @@ class ChatRun:
         self.prepared = prepared = pipeline.prepare_chat(request)
         gens = pipeline.chat_requests(prepared)
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._tasks = [asyncio.ensure_future(pipeline.pump(i, g, self._queue)) for i, g in enumerate(gens)]
+        self._tasks = [asyncio.ensure_future(pipeline.pump(i, g, self._queue, prepared)) for i, g in enumerate(gens)]
         self.parsers = [ChatStream(pipeline.spec, prepared.options) for _ in gens]
         for parser in self.parsers:
             parser.update(prepared.prefill, False)

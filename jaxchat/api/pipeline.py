@@ -10,8 +10,10 @@ tokenises a `ChatRequest` and raises every 400 that needs the model (no chat tem
 refuses the messages or cannot render tools under tool_choice "required"/named, a prompt the tokenizer
 cannot encode, one that is empty or does not fit the context or the KV pool); `encode` / `checked_prompt` /
 `sampling` do the same for a completion's prompt; `constraint` builds one choice's grammar constraint (a
-schema xgrammar cannot compile is a 400); `requests` makes the `n` engine requests; `collect` runs one to its
-end (`Generated`), `pump` forwards its deltas to a queue; `was_cut` says whether to read an output as cut
+schema xgrammar cannot compile is a 400); `requests` makes the `n` engine requests; `outputs` runs one
+(a chat request's reply that opens with a call envelope goes on in the format's own call syntax:
+`jaxchat.api.envelope_restart`), `collect` runs one to its end (`Generated`), `pump` forwards its deltas to a
+queue; `was_cut` says whether to read an output as cut
 (`jaxchat.api.cut`); `complete_chat` runs every choice and parses each once. `expect_request`, `stats` and
 `close` are the engine's announcement, the server's gauges and shutdown.
 """
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from jaxchat.api.cut import cut_finish_reason, was_cut
+from jaxchat.api.envelope_restart import RestartPlan, restarted
 from jaxchat.api.request import ChatRequest, Sampling
 from jaxchat.chat import (
     ChatMsg,
@@ -37,6 +40,7 @@ from jaxchat.chat import (
     chat_format_detect,
     chat_format_prefill,
     chat_parse,
+    native_call_opening,
 )
 from jaxchat.chat.detect import is_token_from_vocab
 from jaxchat.chat.stream import new_tool_call_id
@@ -217,10 +221,34 @@ class ChatPipeline:
         return self.requests(prepared.prompt_ids, prepared.sampling, prepared.n, lambda: self.constraint(prepared))
 
     # ---- running ---------------------------------------------------------------------------------------
-    async def collect(self, request: GenerationRequest) -> Generated:
-        """Run `request` to its end; a failed generation raises (logged by the server, never sent)."""
+    def outputs(self, request: GenerationRequest, prepared: PreparedChat | None = None) -> AsyncIterator[GenerationOutput]:
+        """The engine's deltas for `request`; for a chat request (`prepared`) whose reply may open with a call
+        envelope, through `envelope_restart.restarted`."""
+        plan = self.restart_plan(prepared, request) if prepared is not None else None
+        return restarted(self.engine, request, plan) if plan is not None else self.engine.generate(request)
+
+    def restart_plan(self, prepared: PreparedChat, request: GenerationRequest) -> RestartPlan | None:
+        """How a reply that opens with a call envelope restarts in the format's own syntax; None when it does
+        not (no envelopes read, a prefill before the reply, logprobs asked, a format without such an opening)."""
+        options = prepared.options
+        if not options.call_envelopes or prepared.prefill or request.sampling.logprobs is not None:
+            return None
+        if native_call_opening(self.spec, "tool") is None:
+            return None
+
+        def constraint(opening: str):
+            if self.grammar is None:
+                return None
+            return self.grammar.make(self.spec, prepared.constraint, prepared.prefill + opening,
+                                     tools_enabled=self.tools_enabled)
+
+        return RestartPlan(options.tool_names(), lambda name: native_call_opening(self.spec, name),
+                           lambda text: self.tokenizer.encode(text, add_special_tokens=False), constraint)
+
+    async def collect(self, request: GenerationRequest, prepared: PreparedChat | None = None) -> Generated:
+        """Run `request` to its end (`outputs`); a failed generation raises (logged by the server, never sent)."""
         parts, tokens, finish, logprobs, n_tokens, stop_reason, cached = [], [], None, None, 0, None, 0
-        async for out in self.engine.generate(request):
+        async for out in self.outputs(request, prepared):
             cached = out.num_cached_tokens
             parts.append(out.text)
             tokens.extend(out.token_ids)
@@ -233,11 +261,12 @@ class ChatPipeline:
                     raise RuntimeError(f"generation failed: {out.error}")
         return Generated("".join(parts), tokens, finish, logprobs, n_tokens, stop_reason, cached)
 
-    async def pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue) -> None:
-        """Put `(index, output)` on `queue` for each of the request's deltas, or `(index, exception)` once if
-        it fails; run it as a task and cancel the task to abort the request."""
+    async def pump(self, index: int, request: GenerationRequest, queue: asyncio.Queue,
+                   prepared: PreparedChat | None = None) -> None:
+        """Put `(index, output)` on `queue` for each of the request's deltas (`outputs`), or `(index, exception)`
+        once if it fails; run it as a task and cancel the task to abort the request."""
         try:
-            async for out in self.engine.generate(request):
+            async for out in self.outputs(request, prepared):
                 queue.put_nowait((index, out))
         except asyncio.CancelledError:
             raise
@@ -262,7 +291,7 @@ class ChatPipeline:
     async def complete_chat(self, request: ChatRequest) -> tuple[PreparedChat, list[tuple[ChatMsg, str | None, Generated]]]:
         """Run every choice to its end and parse it once: (prepared, [(message, finish reason, result)])."""
         prepared = self.prepare_chat(request)
-        results = await asyncio.gather(*(self.collect(r) for r in self.chat_requests(prepared)))
+        results = await asyncio.gather(*(self.collect(r, prepared) for r in self.chat_requests(prepared)))
         choices = []
         for result in results:
             cut = self.was_cut(request, prepared, result.finish_reason, result.stop_reason)

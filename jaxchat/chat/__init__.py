@@ -6,7 +6,7 @@ which a test enforces. The names exported here are the ones docs/design.md promi
 """
 
 from jaxchat.chat.detect import chat_format_detect
-from jaxchat.chat.envelopes import call_envelopes_on
+from jaxchat.chat.envelopes import call_envelopes_on, native_call_opening
 from jaxchat.chat.errors import RequestError
 from jaxchat.chat.msg import ChatMsg, ChatMsgDelta, ChatParseOptions, ToolCall
 from jaxchat.chat.parse import chat_parse, make_parser
@@ -31,6 +31,7 @@ __all__ = [
     "ToolCall",
     "apply_deltas",
     "call_envelopes_on",
+    "native_call_opening",
     "chat_compute_deltas",
     "chat_constraint_request_from_openai",
     "chat_finish_reason",

@@ -25,10 +25,15 @@ the envelope ends after its last complete call, or is rejected when it has none 
 `EnvelopeScanner` finds where envelopes may begin, incrementally. `call_envelopes_on(spec, request)`
 says whether a request's reply reads envelopes (a spec with envelopes, callable tools, a text
 response_format): the service sets the parse option from it and the grammar adds its triggers.
+`native_call_opening(spec, name)` is the format's own text that opens a call of `name` up to its arguments
+object, where a reply may open with it (hermes_json: `<tool_call>\n{"name": "NAME", "arguments": `, the begin
+of its grammar tag), or None: what a reply that opens with an envelope is restarted from
+(`jaxchat.api.envelope_restart`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -37,7 +42,7 @@ from jaxchat.chat.msg import ChatParseOptions
 from jaxchat.chat.request import ConstraintRequest
 from jaxchat.chat.spec import ENVELOPE_ARGUMENT_KEYS, ENVELOPE_NAME_KEYS, ChatFormatSpec
 
-__all__ = ["EnvelopeRead", "EnvelopeScanner", "call_envelopes_on", "read_envelope"]
+__all__ = ["EnvelopeRead", "EnvelopeScanner", "call_envelopes_on", "native_call_opening", "read_envelope"]
 
 FENCE = "```"
 _WHITESPACE = " \t\r\n"
@@ -50,6 +55,13 @@ _LINE_BREAKS = ("\n", "\r\n")
 def call_envelopes_on(spec: ChatFormatSpec, request: ConstraintRequest) -> bool:
     """Whether the reply to `request` reads call envelopes (the grammar constrains them under tool_choice auto)."""
     return bool(spec.envelopes) and bool(request.callable_tools) and request.response_format == "text"
+
+
+def native_call_opening(spec: ChatFormatSpec, name: str) -> str | None:
+    """The format's own opening of a call of `name`, up to its arguments object (see the module contract)."""
+    if spec.kind == "hermes_json":
+        return f'{spec.tool_start}\n{{"name": {json.dumps(name)}, "arguments": '
+    return None
 
 
 @dataclass(frozen=True)

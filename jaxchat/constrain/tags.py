@@ -45,7 +45,7 @@ import re
 
 import xgrammar as xgr
 
-from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on
+from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on, native_call_opening
 from jaxchat.constrain.objects import any_order_arguments
 from jaxchat.constrain.pyargs import python_calls_grammar
 from jaxchat.constrain.tags_envelopes import ENVELOPE_WS, EnvelopeTools, add_envelopes
@@ -191,7 +191,7 @@ def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     if spec.kind in JSON_CALL_KINDS:
         return call_tags(spec, name, _arguments(spec, params))
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
-        begin = ts + '\n{"name": ' + json.dumps(name) + ', "arguments": '
+        begin = native_call_opening(spec, name)
         return [_tag(begin, _arguments(spec, params), "}\n" + te)]
     if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"; the newline before </function> is the content's
         # trailing whitespace, so a call without parameters may be `<function=NAME>\n</function>`

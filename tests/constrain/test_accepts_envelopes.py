@@ -16,7 +16,10 @@ from jaxchat.chat import (
     chat_format_make,
     chat_format_prefill,
     chat_parse,
+    native_call_opening,
 )
+from tests.api.test_envelope_restart import NATIVE_REST
+from tests.api.test_service import WEATHER
 from tests.chat.golden import TOOLS as GOLDEN_TOOLS
 from tests.chat.golden_envelopes import ENVELOPE_GOLDEN, REAL_FENCED
 from tests.constrain.support import TOOLS, make_request
@@ -119,3 +122,16 @@ def test_envelope_rows(qwen25, kind, mode, text):
         assert (ok, at) == (True, len(text.encode()))
     else:
         assert (ok, at) == (False, expected)
+
+
+def test_the_auto_grammar_takes_the_native_opening_and_what_follows(qwen25):
+    """A reply that opened with an envelope restarts from `native_call_opening` (`jaxchat.api.envelope_restart`):
+    the grammar, started after it, takes the native call and a second one, and types the arguments."""
+    spec = chat_format_make("hermes_json")
+    request = chat_constraint_request_from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                   "tools": [WEATHER]})
+    opening = native_call_opening(spec, "get_weather")
+    assert qwen25.engine.accepts(spec, request, opening, NATIVE_REST) == (True, len(NATIVE_REST.encode()))
+    bad = '{"town": "Paris"}}'
+    ok, _ = qwen25.engine.accepts(spec, request, opening, bad)
+    assert not ok

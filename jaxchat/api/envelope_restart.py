@@ -1,0 +1,97 @@
+"""A reply that opens with a call envelope goes on in the chat format's own call syntax.
+
+Contract: `restarted(engine, request, plan)` yields the engine's `GenerationOutput` deltas for `request`,
+except when the reply opens (after whitespace) with a call envelope (`jaxchat.chat.envelopes`: fenced or
+bare JSON naming a declared tool):
+  - while the opening is undecided its outputs are held back (the parser would hold that text back too);
+  - once its first call is decided (its arguments object opened), that generation is aborted and another
+    runs from the prompt followed by the format's own opening of that call (`RestartPlan.opening(name)`,
+    e.g. `<tool_call>\\n{"name": "NAME", "arguments": `): its first delta is the opening's text and tokens,
+    then its own deltas, with `num_generated_tokens` counting the opening, `num_prompt_tokens` and
+    `num_cached_tokens` within the original prompt, and `max_tokens` what the opening leaves; its grammar
+    constraint (`RestartPlan.constraint`) starts after the opening, so the call and any that follow are the
+    native grammar's;
+  - an opening that proves not to be an envelope, a reply that ends before it is decided, or an opening
+    that does not fit in `max_tokens`: the held deltas are released unchanged and the rest follows as the
+    engine gives it.
+Why: a small model that writes its first call as fenced JSON writes one call per reply in that form; put
+in its own syntax it goes on as it does there (several calls when the question asks for several). What
+it chose (the tool) is kept; only the spelling of the opening changes, and the envelope's text was never
+sent, so streams and the prefix property are as if the model had written the native call.
+Only for requests without logprobs (the opening's tokens have none) whose reply starts the content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from jaxchat.chat.envelopes import read_envelope
+from jaxchat.engine.types import GenerationOutput, GenerationRequest
+
+__all__ = ["RestartPlan", "restarted"]
+
+_WHITESPACE = " \t\r\n"
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    names: frozenset[str]  # the callable tools' names
+    opening: Callable[[str], str | None]  # the format's own opening of a call of that tool
+    tokenize: Callable[[str], list[int]]
+    constraint: Callable[[str], Any]  # the request's constraint, started after the given opening
+
+
+async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> AsyncIterator[GenerationOutput]:
+    held: list[GenerationOutput] = []
+    text = ""
+    first = engine.generate(request)
+    try:
+        async for out in first:
+            if held is None:
+                yield out
+                continue
+            held.append(out)
+            text += out.text
+            body = text.lstrip(_WHITESPACE)
+            read = read_envelope(body, plan.names, partial=True) if body else None
+            restart = _restart(request, plan, read.calls[0].name) if read and read.calls and not out.finished else None
+            if restart is not None:
+                await first.aclose()
+                async for later in _continue(engine, request, *restart, out.request_id):
+                    yield later
+                return
+            if out.finished or (read is not None and (read.rejected or read.calls)):
+                for kept in held:
+                    yield kept
+                held = None
+    finally:
+        await first.aclose()
+
+
+def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[str, list[int], Any] | None:
+    opening = plan.opening(name)
+    if opening is None:
+        return None
+    ids = plan.tokenize(opening)
+    if len(ids) >= request.sampling.max_tokens:
+        return None
+    return opening, ids, plan.constraint(opening)
+
+
+async def _continue(engine, request: GenerationRequest, opening: str, ids: list[int], constraint,
+                    request_id: str) -> AsyncIterator[GenerationOutput]:
+    prompt = len(request.prompt_ids)
+    sampling = replace(request.sampling, max_tokens=request.sampling.max_tokens - len(ids))
+    yield GenerationOutput(request_id, list(ids), opening, num_prompt_tokens=prompt, num_generated_tokens=len(ids))
+    second = engine.generate(GenerationRequest([*request.prompt_ids, *ids], sampling, constraint, request.request_id))
+    try:
+        async for out in second:
+            out.num_prompt_tokens = prompt
+            out.num_cached_tokens = min(out.num_cached_tokens, prompt)  # not the opening's tokens
+            if out.num_generated_tokens:
+                out.num_generated_tokens += len(ids)
+            yield out
+    finally:
+        await second.aclose()

@@ -1,0 +1,121 @@
+"""A reply that opens with a call envelope goes on in the format's own syntax (`jaxchat.api.envelope_restart`):
+the first generation is aborted once its call is decided, a second runs from the prompt and the native
+opening of that call, and the client sees the native reply's calls, streamed and not the same, with the
+envelope's text never sent. Text before the envelope, JSON naming no tool and logprobs keep the one
+generation. (The auto grammar's acceptance of the opening and of what follows it:
+`tests/constrain/test_accepts_envelopes.py`.)
+
+A scripted engine on the real Qwen2.5 template (hermes_json) streams its replies in small pieces.
+"""
+
+from __future__ import annotations
+
+import pytest
+from starlette.testclient import TestClient
+
+from jaxchat.api import ChatService
+from jaxchat.chat import chat_format_make, native_call_opening
+from jaxchat.engine.types import GenerationOutput
+from jaxchat.server import create_app
+from tests.api.test_service import WEATHER, ScriptedEngine, _both
+
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
+NATIVE_REST = ('{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+               '\n</tool_call>')
+BODY = {"messages": [{"role": "user", "content": "hello"}], "tools": [WEATHER], "max_tokens": 200}
+BOTH_CALLS = [{"name": "get_weather", "arguments": '{"city": "Paris"}'},
+              {"name": "get_weather", "arguments": '{"city": "Rome"}'}]
+
+
+class TwoActEngine(ScriptedEngine):
+    """The first request of each pair gets `reply`, the one that follows a native opening `native_rest`, each
+    three characters a delta; records the prompts, and which generations were closed before their end."""
+
+    def __init__(self, template: str) -> None:
+        super().__init__(template, unknown=True)
+        self.native_rest = NATIVE_REST
+        self.opening_ids = self.tokenizer.encode(native_call_opening(chat_format_make("hermes_json"), "get_weather"),
+                                                 add_special_tokens=False)
+        self.closed_early = 0
+
+    async def generate(self, request):
+        self.prompts.append(list(request.prompt_ids))
+        native = list(request.prompt_ids[-len(self.opening_ids):]) == self.opening_ids
+        text, finish, stop_reason = (self.native_rest, "stop", 2) if native else self.reply
+        pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+        finished = False
+        try:
+            for i, piece in enumerate(pieces):
+                finished = i == len(pieces) - 1
+                yield GenerationOutput("r", [1], piece, finished, finish if finished else None,
+                                       stop_reason if finished else None, num_prompt_tokens=len(request.prompt_ids),
+                                       num_generated_tokens=i + 1)
+        finally:
+            self.closed_early += not finished
+
+
+@pytest.fixture
+def hermes():
+    from jaxchat.assets import template_path
+
+    engine = TwoActEngine(template_path("Qwen-Qwen2.5-7B-Instruct.jinja").read_text())
+    service = ChatService(engine, "hermes")
+    assert service.spec.kind == "hermes_json"
+    with TestClient(create_app(service)) as c:
+        yield engine, c
+
+
+def _calls(choice: dict) -> list[dict]:
+    return [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in choice["message"].get("tool_calls") or ()]
+
+
+@pytest.mark.parametrize("lead", ["", "\n  "], ids=["at_start", "after_whitespace"])
+def test_a_reply_opening_with_a_fenced_call_goes_on_natively(hermes, lead):
+    engine, client = hermes
+    engine.reply = (lead + FENCED, "stop", 2)
+    choice, streamed = _both(client, BODY)
+    assert _calls(choice) == streamed["tool_calls"] == BOTH_CALLS
+    assert not choice["message"]["content"] and not streamed["content"]
+    assert choice["finish_reason"] == streamed["finish_reason"] == "tool_calls"
+    first, second = engine.prompts[:2]
+    assert second == first + engine.opening_ids
+    assert engine.prompts[2:] == [first, second] and engine.closed_early == 2
+
+
+def test_the_usage_counts_the_native_reply(hermes):
+    engine, client = hermes
+    engine.reply = (FENCED, "stop", 2)
+    usage = client.post("/v1/chat/completions", json=BODY).json()["usage"]
+    pieces = -(-len(NATIVE_REST) // 3)
+    assert usage["completion_tokens"] == len(engine.opening_ids) + pieces
+    assert usage["prompt_tokens"] == len(engine.prompts[0])
+
+
+@pytest.mark.parametrize(("reply", "extra"), [
+    ("Let me check.\n" + FENCED, {}),
+    ('```json\n{"name": "John", "arguments": {"age": 3}}\n```', {}),
+    (FENCED, {"logprobs": True}),
+    (FENCED, {"tool_choice": "none"}),
+], ids=["text_before", "names_no_tool", "logprobs", "tool_choice_none"])
+def test_other_replies_keep_their_one_generation(hermes, reply, extra):
+    engine, client = hermes
+    engine.reply = (reply, "stop", 2)
+    choice, _ = _both(client, {**BODY, **extra})
+    assert len(engine.prompts) == 2 and engine.closed_early == 0
+    if reply.startswith("Let me"):
+        assert _calls(choice) == BOTH_CALLS[:1] and choice["message"]["content"] == "Let me check."
+    elif "logprobs" in extra:  # the envelope's one call, read as it was written
+        assert _calls(choice) == BOTH_CALLS[:1] and not choice["message"]["content"]
+    else:
+        assert choice["message"]["content"] == reply and not _calls(choice)
+
+
+def test_a_reply_cut_before_the_call_is_decided_is_released_as_it_was(hermes):
+    engine, client = hermes
+    engine.reply = (FENCED[:FENCED.index('"arguments"')], "length", None)
+    choice, streamed = _both(client, BODY)
+    assert len(engine.prompts) == 2 and engine.closed_early == 0
+    assert choice["message"]["content"] == streamed["content"] == "" and not _calls(choice)
+    assert choice["finish_reason"] == streamed["finish_reason"] == "length"
+
