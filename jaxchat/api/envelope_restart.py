@@ -10,7 +10,11 @@ bare JSON naming a declared tool):
     then its own deltas, with `num_generated_tokens` counting the opening, `num_prompt_tokens` and
     `num_cached_tokens` within the original prompt, and `max_tokens` what the opening leaves; its grammar
     constraint (`RestartPlan.constraint`) starts after the opening, so the call and any that follow are the
-    native grammar's;
+    native grammar's. Each call after its first complete one is held back until it is complete; one that
+    repeats an earlier call of the reply (same name, equal arguments) ends the reply before it (finish
+    "stop"; the generation is aborted): put in its own syntax, a small model that repeats a call under greedy
+    decoding goes on repeating it until `max_tokens`. Needs the format's call markers
+    (`RestartPlan.call_markers`);
   - an opening that proves not to be an envelope, a reply that ends before it is decided, or an opening
     that does not fit in `max_tokens`: the held deltas are released unchanged and the rest follows as the
     engine gives it.
@@ -23,6 +27,7 @@ Only for requests without logprobs (the opening's tokens have none) whose reply 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +46,7 @@ class RestartPlan:
     opening: Callable[[str], str | None]  # the format's own opening of a call of that tool
     tokenize: Callable[[str], list[int]]
     constraint: Callable[[str], Any]  # the request's constraint, started after the given opening
+    call_markers: tuple[str, str] = ("", "")  # the format's call start and end markers (repeats: none without)
 
 
 async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> AsyncIterator[GenerationOutput]:
@@ -59,7 +65,7 @@ async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> As
             restart = _restart(request, plan, read.calls[0].name) if read and read.calls and not out.finished else None
             if restart is not None:
                 await first.aclose()
-                async for later in _continue(engine, request, *restart, out.request_id):
+                async for later in _continue(engine, request, plan, *restart, out.request_id):
                     yield later
                 return
             if out.finished or (read is not None and (read.rejected or read.calls)):
@@ -80,18 +86,81 @@ def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[
     return opening, ids, plan.constraint(opening)
 
 
-async def _continue(engine, request: GenerationRequest, opening: str, ids: list[int], constraint,
+async def _continue(engine, request: GenerationRequest, plan: RestartPlan, opening: str, ids: list[int], constraint,
                     request_id: str) -> AsyncIterator[GenerationOutput]:
     prompt = len(request.prompt_ids)
     sampling = replace(request.sampling, max_tokens=request.sampling.max_tokens - len(ids))
     yield GenerationOutput(request_id, list(ids), opening, num_prompt_tokens=prompt, num_generated_tokens=len(ids))
     second = engine.generate(GenerationRequest([*request.prompt_ids, *ids], sampling, constraint, request.request_id))
+    start, end = plan.call_markers
+    guard = _RepeatGuard(start, end, opening) if start and end else None
+    held: list[GenerationOutput] = []
+    released = len(opening)
     try:
         async for out in second:
             out.num_prompt_tokens = prompt
             out.num_cached_tokens = min(out.num_cached_tokens, prompt)  # not the opening's tokens
             if out.num_generated_tokens:
                 out.num_generated_tokens += len(ids)
-            yield out
+            if guard is None:
+                yield out
+                continue
+            repeat = guard.add(out.text)
+            held.append(out)
+            if repeat is not None:
+                yield GenerationOutput(out.request_id, [t for h in held for t in h.token_ids],
+                                       guard.text[released:repeat], True, "stop", num_prompt_tokens=prompt,
+                                       num_generated_tokens=out.num_generated_tokens,
+                                       num_cached_tokens=out.num_cached_tokens)
+                return
+            hold = len(guard.text) if out.finished else guard.hold_from()
+            while held and released + len(held[0].text) <= hold:
+                kept = held.pop(0)
+                released += len(kept.text)
+                yield kept
     finally:
         await second.aclose()
+
+
+class _RepeatGuard:
+    """The calls of a restarted reply, written between `start` and `end` markers: each call after the first
+    complete one is held back until it is complete, and a complete call equal to an earlier one (same name,
+    same arguments as JSON values) is where the reply ends."""
+
+    def __init__(self, start: str, end: str, text: str) -> None:
+        self.start, self.end, self.text = start, end, text
+        self.checked = 0  # after the last complete call looked at
+        self.calls: set[str] = set()
+
+    def add(self, piece: str) -> int | None:
+        """Append `piece`; where a call that repeats an earlier one begins, else None."""
+        self.text += piece
+        while (s := self.text.find(self.start, self.checked)) >= 0 and (e := self.text.find(self.end, s)) >= 0:
+            key = _call_key(self.text[s + len(self.start):e])
+            if key is not None and key in self.calls:
+                return s
+            if key is not None:
+                self.calls.add(key)
+            self.checked = e + len(self.end)
+        return None
+
+    def hold_from(self) -> int:
+        """Where the text held back begins (its length when nothing is): a call opened after a complete one, or
+        what may be the start of one at the end."""
+        if not self.calls:
+            return len(self.text)
+        opened = self.text.find(self.start, self.checked)
+        if opened >= 0:
+            return opened
+        for k in range(min(len(self.start) - 1, len(self.text)), 0, -1):
+            if self.start.startswith(self.text[-k:]):
+                return len(self.text) - k
+        return len(self.text)
+
+
+def _call_key(body: str) -> str | None:
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return None
+    return json.dumps(call, sort_keys=True) if isinstance(call, dict) else None

@@ -243,7 +243,8 @@ class ChatPipeline:
                                      tools_enabled=self.tools_enabled)
 
         return RestartPlan(options.tool_names(), lambda name: native_call_opening(self.spec, name),
-                           lambda text: self.tokenizer.encode(text, add_special_tokens=False), constraint)
+                           lambda text: self.tokenizer.encode(text, add_special_tokens=False), constraint,
+                           (self.spec.tool_start, self.spec.tool_end))
 
     async def collect(self, request: GenerationRequest, prepared: PreparedChat | None = None) -> Generated:
         """Run `request` to its end (`outputs`); a failed generation raises (logged by the server, never sent)."""

@@ -33,7 +33,7 @@ class TwoActEngine(ScriptedEngine):
 
     def __init__(self, template: str) -> None:
         super().__init__(template, unknown=True)
-        self.native_rest = NATIVE_REST
+        self.native_rest, self.native_finish = NATIVE_REST, "stop"
         self.opening_ids = self.tokenizer.encode(native_call_opening(chat_format_make("hermes_json"), "get_weather"),
                                                  add_special_tokens=False)
         self.closed_early = 0
@@ -41,7 +41,7 @@ class TwoActEngine(ScriptedEngine):
     async def generate(self, request):
         self.prompts.append(list(request.prompt_ids))
         native = list(request.prompt_ids[-len(self.opening_ids):]) == self.opening_ids
-        text, finish, stop_reason = (self.native_rest, "stop", 2) if native else self.reply
+        text, finish, stop_reason = (self.native_rest, self.native_finish, 2) if native else self.reply
         pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
         finished = False
         try:
@@ -119,3 +119,33 @@ def test_a_reply_cut_before_the_call_is_decided_is_released_as_it_was(hermes):
     assert choice["message"]["content"] == streamed["content"] == "" and not _calls(choice)
     assert choice["finish_reason"] == streamed["finish_reason"] == "length"
 
+
+
+ROME = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+PARIS_AGAIN = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(("rest", "finish"), [
+    ('{"city": "Paris"}}\n</tool_call>\n' + ROME + "\n" + PARIS_AGAIN + "\n" + ROME, "stop"),
+    ('{"city": "Paris"}}\n</tool_call>\n' + ROME + "\n" + (PARIS_AGAIN + "\n" + ROME + "\n") * 5 + PARIS_AGAIN[:30],
+     "length"),
+], ids=["repeat", "repeats_until_cut"])
+def test_a_restarted_reply_ends_before_a_call_it_repeats(hermes, rest, finish):
+    """Put in its own syntax, a small model may go on repeating its calls; the reply ends before the first call
+    equal to an earlier one (same name, equal arguments), streamed and not alike, and the generation stops."""
+    engine, client = hermes
+    engine.reply, engine.native_rest = (FENCED, "stop", 2), rest
+    engine.native_finish = finish
+    choice, streamed = _both(client, BODY)
+    assert _calls(choice) == streamed["tool_calls"] == BOTH_CALLS
+    assert not choice["message"]["content"] and not streamed["content"]
+    assert choice["finish_reason"] == streamed["finish_reason"] == "tool_calls"
+    assert engine.closed_early == 4  # both envelopes, both repeating native replies
+
+
+def test_text_after_the_calls_is_content_once_released(hermes):
+    engine, client = hermes
+    engine.reply, engine.native_rest = (FENCED, "stop", 2), NATIVE_REST + "\n</tool_call_result> done <"
+    choice, streamed = _both(client, BODY)
+    assert _calls(choice) == streamed["tool_calls"] == BOTH_CALLS
+    assert choice["message"]["content"] == streamed["content"] == "</tool_call_result> done <"
