@@ -6,10 +6,10 @@ bare JSON naming a declared tool):
   - while the opening is undecided its outputs are held back (the parser would hold that text back too);
   - once its first call is decided (its arguments object opened), that generation is aborted and another
     runs from the prompt followed by the format's own opening of that call (`RestartPlan.opening(name)`,
-    e.g. `<tool_call>\\n{"name": "NAME", "arguments": `): its first delta is the opening's text and tokens,
-    then its own deltas, with `num_generated_tokens` counting the opening, `num_prompt_tokens` and
-    `num_cached_tokens` within the original prompt, and `max_tokens` what the opening leaves; its grammar
-    constraint (`RestartPlan.constraint`) starts after the opening, so the call and any that follow are the
+    e.g. `<tool_call>\\n{"name": "NAME", "arguments":`, its trailing space left for the model to write as part
+    of its next token): its first delta is the opening's text and tokens, then its own deltas, with
+    `num_generated_tokens` counting the opening, `num_prompt_tokens` and `num_cached_tokens` within the
+    original prompt, and `max_tokens` what the opening leaves; its grammar constraint (`RestartPlan.constraint`) starts after the opening, so the call and any that follow are the
     native grammar's. Each call after its first complete one is held back until it is complete; one that
     repeats an earlier call of the reply (same name, equal arguments) ends the reply before it (finish
     "stop"; the generation is aborted): put in its own syntax, a small model that repeats a call under greedy
@@ -50,12 +50,11 @@ class RestartPlan:
 
 
 async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> AsyncIterator[GenerationOutput]:
-    held: list[GenerationOutput] = []
-    text = ""
+    deciding, held, text = True, [], ""  # deciding: the reply may still open with an envelope
     first = engine.generate(request)
     try:
         async for out in first:
-            if held is None:
+            if not deciding:
                 yield out
                 continue
             held.append(out)
@@ -71,7 +70,7 @@ async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> As
             if out.finished or (read is not None and (read.rejected or read.calls)):
                 for kept in held:
                     yield kept
-                held = None
+                deciding, held = False, []
     finally:
         await first.aclose()
 
@@ -80,6 +79,9 @@ def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[
     opening = plan.opening(name)
     if opening is None:
         return None
+    # A tokenizer folds a space into the token after it (` {"`): a prompt ending in a lone space token is one
+    # the model never saw (it then writes nonsense), so the model writes that space itself.
+    opening = opening.rstrip(" ")
     ids = plan.tokenize(opening)
     if len(ids) >= request.sampling.max_tokens:
         return None

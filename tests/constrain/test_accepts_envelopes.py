@@ -126,12 +126,13 @@ def test_envelope_rows(qwen25, kind, mode, text):
 
 def test_the_auto_grammar_takes_the_native_opening_and_what_follows(qwen25):
     """A reply that opened with an envelope restarts from `native_call_opening` (`jaxchat.api.envelope_restart`):
-    the grammar, started after it, takes the native call and a second one, and types the arguments."""
+    the grammar, started after it (less its trailing space), takes the native call and a second one, and types
+    the arguments."""
     spec = chat_format_make("hermes_json")
     request = chat_constraint_request_from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                    "tools": [WEATHER]})
-    opening = native_call_opening(spec, "get_weather")
-    assert qwen25.engine.accepts(spec, request, opening, NATIVE_REST) == (True, len(NATIVE_REST.encode()))
-    bad = '{"town": "Paris"}}'
-    ok, _ = qwen25.engine.accepts(spec, request, opening, bad)
+    opening = native_call_opening(spec, "get_weather").rstrip(" ")  # the restart leaves the space to the model
+    rest = " " + NATIVE_REST
+    assert qwen25.engine.accepts(spec, request, opening, rest) == (True, len(rest.encode()))
+    ok, _ = qwen25.engine.accepts(spec, request, opening, ' {"town": "Paris"}}')
     assert not ok
