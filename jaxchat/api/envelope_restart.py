@@ -9,10 +9,13 @@ bare JSON naming a declared tool):
     e.g. `<tool_call>\\n{"name": "NAME", "arguments":`, its trailing space left for the model to write as part
     of its next token): its first delta is the opening's text and tokens, then its own deltas, with
     `num_generated_tokens` counting the opening, `num_prompt_tokens` and `num_cached_tokens` within the
-    original prompt, and `max_tokens` what the opening leaves; its grammar constraint (`RestartPlan.constraint`) starts after the opening, so the call and any that follow are the
-    native grammar's. Each call after its first complete one is held back until it is complete; one that
+    original prompt, and `max_tokens` what the opening leaves; its grammar constraint (`RestartPlan.constraint`:
+    the pipeline's is the request's under tool_choice "required", calls only) starts after the opening, so
+    the call and any that follow are the native grammar's and nothing but calls follows (the model chose to
+    call; left free text after its calls, the small model writes stray end markers and the same call again
+    as bare JSON). Each call after its first complete one is held back until it is complete; one that
     repeats an earlier call of the reply (same name, equal arguments) ends the reply before it (finish
-    "stop"; the generation is aborted): put in its own syntax, a small model that repeats a call under greedy
+    "stop"; the generation is aborted): in its own syntax a small model that repeats a call under greedy
     decoding goes on repeating it until `max_tokens`. Needs the format's call markers
     (`RestartPlan.call_markers`);
   - an opening that proves not to be an envelope, a reply that ends before it is decided, or an opening

@@ -236,10 +236,12 @@ class ChatPipeline:
         if native_call_opening(self.spec, "tool") is None:
             return None
 
+        calls_only_request = replace(prepared.constraint, tool_choice="required")
+
         def constraint(opening: str):
             if self.grammar is None:
                 return None
-            return self.grammar.make(self.spec, prepared.constraint, prepared.prefill + opening,
+            return self.grammar.make(self.spec, calls_only_request, prepared.prefill + opening,
                                      tools_enabled=self.tools_enabled)
 
         return RestartPlan(options.tool_names(), lambda name: native_call_opening(self.spec, name),

@@ -124,15 +124,16 @@ def test_envelope_rows(qwen25, kind, mode, text):
         assert (ok, at) == (False, expected)
 
 
-def test_the_auto_grammar_takes_the_native_opening_and_what_follows(qwen25):
-    """A reply that opened with an envelope restarts from `native_call_opening` (`jaxchat.api.envelope_restart`):
-    the grammar, started after it (less its trailing space), takes the native call and a second one, and types
-    the arguments."""
+def test_the_restart_grammar_takes_the_native_opening_and_calls_only(qwen25):
+    """A reply that opened with an envelope restarts from `native_call_opening` (`jaxchat.api.envelope_restart`)
+    under the request's grammar for tool_choice "required": started after the opening (less its trailing
+    space), it takes the native call and a second one, types the arguments, and allows no text after them."""
     spec = chat_format_make("hermes_json")
     request = chat_constraint_request_from_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                                   "tools": [WEATHER]})
+                                                   "tools": [WEATHER], "tool_choice": "required"})
     opening = native_call_opening(spec, "get_weather").rstrip(" ")  # the restart leaves the space to the model
     rest = " " + NATIVE_REST
     assert qwen25.engine.accepts(spec, request, opening, rest) == (True, len(rest.encode()))
-    ok, _ = qwen25.engine.accepts(spec, request, opening, ' {"town": "Paris"}}')
-    assert not ok
+    for bad in (' {"town": "Paris"}}', rest + "\n</tool_call", rest + '\n{"name": "get_weather"'):
+        ok, _ = qwen25.engine.accepts(spec, request, opening, bad)
+        assert not ok, bad
