@@ -1,15 +1,16 @@
 """A reply that opens with a call envelope goes on in the chat format's own call syntax.
 
 Contract: `restarted(engine, request, plan)` yields the engine's `GenerationOutput` deltas for `request`,
-except when the reply opens (after whitespace) with a call envelope (`jaxchat.chat.envelopes`: fenced or
-bare JSON naming a declared tool):
+except when the reply opens with a call envelope (`jaxchat.chat.envelopes`: fenced or bare JSON naming a
+declared tool, at the start of a line after blank lines and spaces or tabs, where the parser reads one):
   - while the opening is undecided its outputs are held back (the parser would hold that text back too);
   - once its first call is decided (its arguments object opened), that generation is aborted and another
     runs from the prompt followed by the format's own opening of that call (`RestartPlan.opening(name)`,
     e.g. `<tool_call>\\n{"name": "NAME", "arguments":`, its trailing space left for the model to write as part
     of its next token): its first delta is the opening's text and tokens, then its own deltas, with
-    `num_generated_tokens` counting the opening, `num_prompt_tokens` and `num_cached_tokens` within the
-    original prompt, and `max_tokens` what the opening leaves; its grammar constraint (`RestartPlan.constraint`:
+    `num_generated_tokens` counting the opening, `num_prompt_tokens` the original prompt's, `num_cached_tokens`
+    the first generation's (the second finds the prompt's pages the first just computed), and `max_tokens`
+    what the opening leaves; its grammar constraint (`RestartPlan.constraint`:
     the pipeline's is the request's under tool_choice "required", calls only) starts after the opening, so
     the call and any that follow are the native grammar's and nothing but calls follows (the model chose to
     call; left free text after its calls, the small model writes stray end markers and the same call again
@@ -17,10 +18,13 @@ bare JSON naming a declared tool):
     repeats an earlier call of the reply (same name, equal arguments) ends the reply before it (finish
     "stop"; the generation is aborted): in its own syntax a small model that repeats a call under greedy
     decoding goes on repeating it until `max_tokens`. Needs the format's call markers
-    (`RestartPlan.call_markers`);
-  - an opening that proves not to be an envelope, a reply that ends before it is decided, or an opening
-    that does not fit in `max_tokens`: the held deltas are released unchanged and the rest follows as the
-    engine gives it.
+    (`RestartPlan.call_markers`). Usage counts the reply as sent: the opening and the tokens after it, not
+    the envelope the first generation wrote nor the tokens of a dropped repeat;
+  - an opening that proves not to be an envelope, a reply that ends before it is decided, or a restart that
+    cannot be as if the model wrote the opening (it does not fit in `max_tokens`, the prompt with it does
+    not fit the KV pool (`RestartPlan.fits`), a stop string or stop token of the request lies in it or
+    overlaps its end, its grammar cannot be built): the held deltas are released unchanged and the rest
+    follows as the engine gives it.
 Why: a small model that writes its first call as fenced JSON writes one call per reply in that form; put
 in its own syntax it goes on as it does there (several calls when the question asks for several). What
 it chose (the tool) is kept; only the spelling of the opening changes, and the envelope's text was never
@@ -31,6 +35,7 @@ Only for requests without logprobs (the opening's tokens have none) whose reply 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,6 +46,7 @@ from jaxchat.engine.types import GenerationOutput, GenerationRequest
 __all__ = ["RestartPlan", "restarted"]
 
 _WHITESPACE = " \t\r\n"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,10 +56,11 @@ class RestartPlan:
     tokenize: Callable[[str], list[int]]
     constraint: Callable[[str], Any]  # the request's constraint, started after the given opening
     call_markers: tuple[str, str] = ("", "")  # the format's call start and end markers (repeats: none without)
+    fits: Callable[[int], bool] = lambda tokens: True  # whether a prompt of that many tokens fits the KV pool
 
 
 async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> AsyncIterator[GenerationOutput]:
-    deciding, held, text = True, [], ""  # deciding: the reply may still open with an envelope
+    deciding, held, text, cached = True, [], "", 0  # deciding: the reply may still open with an envelope
     first = engine.generate(request)
     try:
         async for out in first:
@@ -62,20 +69,29 @@ async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> As
                 continue
             held.append(out)
             text += out.text
-            body = text.lstrip(_WHITESPACE)
+            cached = max(cached, out.num_cached_tokens)
+            body = _envelope_body(text)
             read = read_envelope(body, plan.names, partial=True) if body else None
             restart = _restart(request, plan, read.calls[0].name) if read and read.calls and not out.finished else None
             if restart is not None:
                 await first.aclose()
-                async for later in _continue(engine, request, plan, *restart, out.request_id):
+                async for later in _continue(engine, request, plan, *restart, out.request_id, cached):
                     yield later
                 return
-            if out.finished or (read is not None and (read.rejected or read.calls)):
+            if out.finished or body is None or (read is not None and (read.rejected or read.calls)):
                 for kept in held:
                     yield kept
                 deciding, held = False, []
     finally:
         await first.aclose()
+
+
+def _envelope_body(text: str) -> str | None:
+    """The reply after its leading whitespace, where the parser would look for an envelope; None when that
+    whitespace rules one out (the envelope would not start a line after spaces or tabs)."""
+    body = text.lstrip(_WHITESPACE)
+    last_line = text[: len(text) - len(body)].rsplit("\n", 1)[-1]
+    return None if body and last_line.strip(" \t") else body
 
 
 def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[str, list[int], Any] | None:
@@ -86,17 +102,33 @@ def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[
     # the model never saw (it then writes nonsense), so the model writes that space itself.
     opening = opening.rstrip(" ")
     ids = plan.tokenize(opening)
-    if len(ids) >= request.sampling.max_tokens:
+    sampling = request.sampling
+    if len(ids) >= sampling.max_tokens or not plan.fits(len(request.prompt_ids) + len(ids)):
         return None
-    return opening, ids, plan.constraint(opening)
+    if _stops_in(opening, sampling.stop) or set(ids) & set(sampling.stop_token_ids):
+        return None
+    try:
+        constraint = plan.constraint(opening)
+    except (RuntimeError, ValueError) as exc:  # the grammar after the opening cannot be built: no restart
+        log.warning("no native restart: the grammar after %r: %s", opening, exc)
+        return None
+    return opening, ids, constraint
+
+
+def _stops_in(text: str, stops) -> bool:
+    """Whether a stop string lies in `text` or may begin in its end (the model's own text would have stopped)."""
+    return any(stop and (stop in text or any(text.endswith(stop[:k]) for k in range(1, len(stop))))
+               for stop in stops)
 
 
 async def _continue(engine, request: GenerationRequest, plan: RestartPlan, opening: str, ids: list[int], constraint,
-                    request_id: str) -> AsyncIterator[GenerationOutput]:
+                    request_id: str, cached: int) -> AsyncIterator[GenerationOutput]:
     prompt = len(request.prompt_ids)
     sampling = replace(request.sampling, max_tokens=request.sampling.max_tokens - len(ids))
-    yield GenerationOutput(request_id, list(ids), opening, num_prompt_tokens=prompt, num_generated_tokens=len(ids))
-    second = engine.generate(GenerationRequest([*request.prompt_ids, *ids], sampling, constraint, request.request_id))
+    yield GenerationOutput(request_id, list(ids), opening, num_prompt_tokens=prompt, num_generated_tokens=len(ids),
+                           num_cached_tokens=cached)
+    # its own id: an abort of the first generation, still queued by id, must not reach it
+    second = engine.generate(GenerationRequest([*request.prompt_ids, *ids], sampling, constraint, ""))
     start, end = plan.call_markers
     guard = _RepeatGuard(start, end, opening) if start and end else None
     held: list[GenerationOutput] = []
@@ -104,7 +136,7 @@ async def _continue(engine, request: GenerationRequest, plan: RestartPlan, openi
     try:
         async for out in second:
             out.num_prompt_tokens = prompt
-            out.num_cached_tokens = min(out.num_cached_tokens, prompt)  # not the opening's tokens
+            out.num_cached_tokens = cached
             if out.num_generated_tokens:
                 out.num_generated_tokens += len(ids)
             if guard is None:
@@ -113,10 +145,16 @@ async def _continue(engine, request: GenerationRequest, plan: RestartPlan, openi
             repeat = guard.add(out.text)
             held.append(out)
             if repeat is not None:
-                yield GenerationOutput(out.request_id, [t for h in held for t in h.token_ids],
-                                       guard.text[released:repeat], True, "stop", num_prompt_tokens=prompt,
-                                       num_generated_tokens=out.num_generated_tokens,
-                                       num_cached_tokens=out.num_cached_tokens)
+                kept, dropped, at = [], 0, released
+                for h in held:  # the tokens of deltas that begin after the repeat's start are not sent
+                    if at < repeat:
+                        kept.extend(h.token_ids)
+                    else:
+                        dropped += len(h.token_ids)
+                    at += len(h.text)
+                yield GenerationOutput(out.request_id, kept, guard.text[released:repeat], True, "stop",
+                                       num_prompt_tokens=prompt, num_generated_tokens=max(0, out.num_generated_tokens - dropped),
+                                       num_cached_tokens=cached)
                 return
             hold = len(guard.text) if out.finished else guard.hold_from()
             while held and released + len(held[0].text) <= hold:

@@ -246,7 +246,7 @@ class ChatPipeline:
 
         return RestartPlan(options.tool_names(), lambda name: native_call_opening(self.spec, name),
                            lambda text: self.tokenizer.encode(text, add_special_tokens=False), constraint,
-                           (self.spec.tool_start, self.spec.tool_end))
+                           (self.spec.tool_start, self.spec.tool_end), self.engine.prompt_fits)
 
     async def collect(self, request: GenerationRequest, prepared: PreparedChat | None = None) -> Generated:
         """Run `request` to its end (`outputs`); a failed generation raises (logged by the server, never sent)."""

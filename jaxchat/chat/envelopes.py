@@ -53,7 +53,9 @@ _LINE_BREAKS = ("\n", "\r\n")
 
 
 def call_envelopes_on(spec: ChatFormatSpec, request: ConstraintRequest) -> bool:
-    """Whether the reply to `request` reads call envelopes (the grammar constrains them under tool_choice auto)."""
+    """Whether the reply to `request` reads call envelopes: tools are callable (any tool_choice but "none")
+    and the content is text. The grammar constrains them under "auto"; under "required" or a named tool it
+    admits only the native syntax, so only an unconstrained reply can hold one there."""
     return bool(spec.envelopes) and bool(request.callable_tools) and request.response_format == "text"
 
 

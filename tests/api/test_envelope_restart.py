@@ -19,6 +19,7 @@ from jaxchat.engine.types import GenerationOutput
 from jaxchat.server import create_app
 from tests.api.test_service import WEATHER, ScriptedEngine, _both
 
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
 NATIVE_REST = ('{"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
                '\n</tool_call>')
@@ -70,7 +71,7 @@ def _calls(choice: dict) -> list[dict]:
             for c in choice["message"].get("tool_calls") or ()]
 
 
-@pytest.mark.parametrize("lead", ["", "\n  "], ids=["at_start", "after_whitespace"])
+@pytest.mark.parametrize("lead", ["", "\n  ", "\r\n"], ids=["at_start", "after_whitespace", "after_crlf"])
 def test_a_reply_opening_with_a_fenced_call_goes_on_natively(hermes, lead):
     engine, client = hermes
     engine.reply = (lead + FENCED, "stop", 2)
@@ -97,7 +98,8 @@ def test_the_usage_counts_the_native_reply(hermes):
     ('```json\n{"name": "John", "arguments": {"age": 3}}\n```', {}),
     (FENCED, {"logprobs": True}),
     (FENCED, {"tool_choice": "none"}),
-], ids=["text_before", "names_no_tool", "logprobs", "tool_choice_none"])
+    ("\r" + BARE, {}),
+], ids=["text_before", "names_no_tool", "logprobs", "tool_choice_none", "after_a_lone_cr"])
 def test_other_replies_keep_their_one_generation(hermes, reply, extra):
     engine, client = hermes
     engine.reply = (reply, "stop", 2)
@@ -108,7 +110,19 @@ def test_other_replies_keep_their_one_generation(hermes, reply, extra):
     elif "logprobs" in extra:  # the envelope's one call, read as it was written
         assert _calls(choice) == BOTH_CALLS[:1] and not choice["message"]["content"]
     else:
-        assert choice["message"]["content"] == reply and not _calls(choice)
+        assert choice["message"]["content"].lstrip("\r") == reply.lstrip("\r") and not _calls(choice)
+
+
+@pytest.mark.parametrize(("reply", "stop"), [(BARE, "\n"), (BARE, "<tool_call>"), (FENCED, '": {"')],
+                         ids=["inside", "the_marker", "over_its_end"])
+def test_a_stop_string_the_native_opening_would_meet_keeps_one_generation(hermes, reply, stop):
+    """Had the model written the opening itself, a stop string in it (or one that begins at its end) would
+    have ended the reply there: the reply is not restarted but read as it was written."""
+    engine, client = hermes
+    engine.reply = (reply, "stop", 2)
+    choice, streamed = _both(client, {**BODY, "stop": [stop]})
+    assert len(engine.prompts) == 2 and engine.closed_early == 0
+    assert _calls(choice) == streamed["tool_calls"] == BOTH_CALLS[:1]
 
 
 def test_a_reply_cut_before_the_call_is_decided_is_released_as_it_was(hermes):
@@ -141,6 +155,11 @@ def test_a_restarted_reply_ends_before_a_call_it_repeats(hermes, rest, finish):
     assert not choice["message"]["content"] and not streamed["content"]
     assert choice["finish_reason"] == streamed["finish_reason"] == "tool_calls"
     assert engine.closed_early == 4  # both envelopes, both repeating native replies
+    # usage counts what was sent: the opening and the native reply's deltas up to the one the repeat begins in
+    usage = client.post("/v1/chat/completions", json=BODY).json()["usage"]
+    repeat = rest.index(PARIS_AGAIN)
+    assert usage["completion_tokens"] == len(engine.opening_ids) + -(-repeat // 3) < len(engine.opening_ids) + -(
+        -len(rest) // 3)
 
 
 def test_text_after_the_calls_is_content_once_released(hermes):
@@ -181,3 +200,56 @@ def test_the_opening_ends_where_the_model_writes_its_next_token():
     assert opening.endswith('"arguments": ') and tokenized == [opening.rstrip(" ")]
     assert text == opening.rstrip(" ") + ' {"city": "Paris"}}\n</tool_call>'
     assert prompts[1] == [1, 2] + [9] * len(opening.rstrip(" "))
+
+
+def _restart_run(plan_changes: dict, sampling: dict, cached=(5, 16)):
+    """Prompts and outputs of `restarted` over an engine whose first reply is FENCED, cached tokens
+    `cached[i]` for its i-th generation; the plan's tokenizer gives one token 9 per character."""
+    import asyncio
+    from dataclasses import replace
+
+    from jaxchat.api.envelope_restart import RestartPlan, restarted
+    from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+    spec, prompts = chat_format_make("hermes_json"), []
+
+    class Engine:
+        async def generate(self, request):
+            prompts.append(request.prompt_ids)
+            text = FENCED if len(prompts) == 1 else ' {"city": "Paris"}}\n</tool_call>'
+            n = len(prompts) - 1
+            for i, piece in enumerate(text):
+                yield GenerationOutput("r", [7], piece, i == len(text) - 1, "stop" if i == len(text) - 1 else None,
+                                       num_cached_tokens=cached[n], num_generated_tokens=i + 1)
+
+    plan = replace(RestartPlan(frozenset({"get_weather"}), lambda name: native_call_opening(spec, name),
+                               lambda text: [9] * len(text), lambda opening: None, (spec.tool_start, spec.tool_end)),
+                   **plan_changes)
+
+    async def reply():
+        request = GenerationRequest([1, 2], SamplingParams(**{"max_tokens": 100, **sampling}))
+        return [out async for out in restarted(Engine(), request, plan)]
+
+    return prompts, asyncio.run(reply())
+
+
+def _failing_grammar(opening):
+    raise RuntimeError("cannot compile")
+
+
+@pytest.mark.parametrize(("plan_changes", "sampling"), [
+    ({"fits": lambda tokens: tokens < 10}, {}),
+    ({}, {"stop_token_ids": (9,)}),
+    ({"constraint": _failing_grammar}, {}),
+], ids=["prompt_too_long_for_the_pool", "a_stop_token_in_the_opening", "no_grammar_after_the_opening"])
+def test_a_restart_that_could_not_be_as_if_the_model_wrote_it_keeps_one_generation(plan_changes, sampling):
+    prompts, outputs = _restart_run(plan_changes, sampling)
+    assert len(prompts) == 1 and "".join(out.text for out in outputs) == FENCED
+
+
+def test_a_restarted_reply_reports_the_first_generations_cached_tokens():
+    """The second generation finds the prompt's pages the first just computed; the request's cached tokens
+    are what the first found."""
+    prompts, outputs = _restart_run({}, {})
+    assert len(prompts) == 2 and len(prompts[1]) > len(prompts[0])
+    assert outputs and {out.num_cached_tokens for out in outputs} == {5}
