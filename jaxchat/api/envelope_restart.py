@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jaxchat.chat.envelopes import read_envelope
+from jaxchat.chat.segments import partial_marker_length
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
 __all__ = ["RestartPlan", "restarted"]
@@ -117,8 +118,7 @@ def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[
 
 def _stops_in(text: str, stops) -> bool:
     """Whether a stop string lies in `text` or may begin in its end (the model's own text would have stopped)."""
-    return any(stop and (stop in text or any(text.endswith(stop[:k]) for k in range(1, len(stop))))
-               for stop in stops)
+    return any(stop and stop in text for stop in stops) or partial_marker_length(text, stops) > 0
 
 
 async def _continue(engine, request: GenerationRequest, plan: RestartPlan, opening: str, ids: list[int], constraint,
@@ -195,10 +195,7 @@ class _RepeatGuard:
         opened = self.text.find(self.start, self.checked)
         if opened >= 0:
             return opened
-        for k in range(min(len(self.start) - 1, len(self.text)), 0, -1):
-            if self.start.startswith(self.text[-k:]):
-                return len(self.text) - k
-        return len(self.text)
+        return len(self.text) - partial_marker_length(self.text, (self.start,))
 
 
 def _call_key(body: str) -> str | None:
