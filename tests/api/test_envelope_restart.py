@@ -173,29 +173,9 @@ def test_text_after_the_calls_is_content_once_released(hermes):
 def test_the_opening_ends_where_the_model_writes_its_next_token():
     """The native opening `...arguments": ` ends in a space that a BPE tokenizer folds into the next token
     (` {"`): the second generation's prompt ends before it, and the model writes the space itself."""
-    import asyncio
-
-    from jaxchat.api.envelope_restart import RestartPlan, restarted
-    from jaxchat.engine.types import GenerationRequest, SamplingParams
-
-    spec, tokenized, prompts = chat_format_make("hermes_json"), [], []
-
-    class Engine:
-        async def generate(self, request):
-            prompts.append(request.prompt_ids)
-            text = FENCED if len(prompts) == 1 else ' {"city": "Paris"}}\n</tool_call>'
-            for i, piece in enumerate(text):
-                yield GenerationOutput("r", [7], piece, i == len(text) - 1, "stop" if i == len(text) - 1 else None)
-
-    plan = RestartPlan(frozenset({"get_weather"}), lambda name: native_call_opening(spec, name),
-                       lambda text: (tokenized.append(text), [9] * len(text))[1], lambda opening: None,
-                       (spec.tool_start, spec.tool_end))
-
-    async def reply():
-        return "".join([out.text async for out in restarted(Engine(), GenerationRequest([1, 2], SamplingParams(
-            max_tokens=100)), plan)])
-
-    text = asyncio.run(reply())
+    spec, tokenized = chat_format_make("hermes_json"), []
+    prompts, outputs = _restart_run({"tokenize": lambda text: (tokenized.append(text), [9] * len(text))[1]}, {})
+    text = "".join(out.text for out in outputs)
     opening = native_call_opening(spec, "get_weather")
     assert opening.endswith('"arguments": ') and tokenized == [opening.rstrip(" ")]
     assert text == opening.rstrip(" ") + ' {"city": "Paris"}}\n</tool_call>'
