@@ -134,8 +134,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.no_compile_cache:
         disable_compile_cache()
     else:
+        from jaxchat.api.build import default_executable_cache
+
         cache = enable_compile_cache(args.compile_cache)
-        executables = cache / "executables"
+        executables = default_executable_cache(cache)
         logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
     engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,

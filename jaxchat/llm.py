@@ -8,7 +8,8 @@ dicts); `.generate(prompt, max_tokens=..., temperature=0.0, ignore_eos=False)` r
 with `.text` and `.token_ids` (its other keyword arguments are the sampling fields of
 `jaxchat.api.Sampling`; any other is a TypeError). Requests are read by the same `jaxchat.api` readers, with the same
 `Limits`, as the server's, so a bad call raises `jaxchat.chat.RequestError` naming the field.
-`LLM.from_service(service)` wraps an already built pipeline. `.close()`, leaving a `with LLM(...)` block, or
+The step programs are kept in the executable store `jaxchat serve` uses (`executable_cache=DIR` elsewhere, None
+for none), so a program compiled by one is loaded by the other. `LLM.from_service(service)` wraps an already built pipeline. `.close()`, leaving a `with LLM(...)` block, or
 dropping the last reference (a finaliser) stops the engine's thread and releases its device buffers and compiled
 programs, so a notebook can build and drop models for as long as it likes. Only `jaxchat.api` is used: no
 starlette.
@@ -27,6 +28,7 @@ from jaxchat.api import (
     Limits,
     Sampling,
     build_chat_service,
+    default_executable_cache,
     parse_chat_request,
     parse_completion_request,
 )
@@ -45,6 +47,8 @@ class Completion:
 class LLM:
     def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "auto",
                  quantize: str | None = None, limits: Limits | None = None, **kwargs) -> None:
+        # the step programs go to (and come from) the executable store `jaxchat serve` uses, unless told otherwise
+        kwargs.setdefault("executable_cache", default_executable_cache())
         self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype,
                                        quantize=quantize, **kwargs), limits)
 

@@ -15,10 +15,22 @@ WORKERS="${JAXCHAT_TEST_WORKERS:-2}"
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-${JAXCHAT_CACHE:-$HOME/.cache/jaxchat}/jax-compilation-cache}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS:-0}"
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="${JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES:-0}"
-.venv/bin/python -m pytest -m "not serial" -n "$WORKERS" --dist loadfile --no-loadscope-reorder "$@"
+# Per-file wall times of each run (tests/file_times.py), merged into one table at the end.
+TIMES="${JAXCHAT_TEST_TIMES_DIR:-.test-times}"
+mkdir -p "$TIMES"
+rm -f "$TIMES"/parallel.json "$TIMES"/serial.json
+started=$(date +%s)
+JAXCHAT_TEST_TIMES="$TIMES/parallel.json" .venv/bin/python -m pytest -m "not serial" -n "$WORKERS" --dist loadfile \
+  --no-loadscope-reorder "$@"
 parallel=$?
-.venv/bin/python -m pytest -m serial "$@"
+JAXCHAT_TEST_TIMES="$TIMES/serial.json" .venv/bin/python -m pytest -m serial "$@"
 alone=$?
+runs=()
+for f in "$TIMES"/parallel.json "$TIMES"/serial.json; do [ -f "$f" ] && runs+=("$f"); done
+if [ "${#runs[@]}" -gt 0 ]; then
+  .venv/bin/python -m tests.file_times --top 25 "${runs[@]}" | tee "$TIMES/table.md"
+fi
+echo "scripts/test.sh: $(( $(date +%s) - started )) s of wall time for both pytest runs"
 if [ "$parallel" -eq 5 ] && [ "$alone" -eq 5 ]; then exit 5; fi
 for s in "$parallel" "$alone"; do
   if [ "$s" -ne 0 ] && [ "$s" -ne 5 ]; then exit "$s"; fi

@@ -4,8 +4,19 @@ output shows requests sent, 4xx, 5xx, completed, leaked slots and memory growth 
 from __future__ import annotations
 
 
+def pytest_runtest_logreport(report):
+    from tests import file_times
+
+    file_times.record(report)
+
+
 def pytest_terminal_summary(terminalreporter):
     import sys
+
+    from tests import file_times
+
+    terminalreporter.section("per-file times")
+    file_times.write_summary(terminalreporter.write_line)
 
     support = sys.modules.get("tests.reliability.support")
     lines = getattr(support, "REPORTS", None)
@@ -21,15 +32,24 @@ def pytest_terminal_summary(terminalreporter):
 SERIAL = ("tests/reliability/", "tests/server/")
 
 
-# The longest files first, longest to shortest as measured in CI (each runs whole on one xdist worker, and
+# The longest files first, longest to shortest as measured (each runs whole on one xdist worker, and
 # scripts/test.sh keeps this order with --no-loadscope-reorder): started last, one of them would run alone at
-# the end while the other worker idles. The notebooks come after the parity file, so that the default-model
-# server (same shapes) has compiled their programs into the shared compilation cache by the time they start.
-LONGEST_FIRST = ("tests/e2e/test_default_model_server.py", "tests/models/test_parity.py", "tests/test_notebooks.py",
-                 "tests/e2e/test_truncation.py", "tests/e2e/test_multihost.py", "tests/constrain/test_walk.py",
-                 "tests/models/test_real_weights.py",
-                 "tests/engine/test_real_model.py", "tests/models/test_hybrids.py", "tests/e2e/test_family_formats.py",
-                 "tests/models/test_int8.py", "tests/e2e/test_stream_agreement.py", "tests/engine/test_attention_spans.py")
+# the end while the other worker idles. Derived from tests/file_times.json, the per-file table of a measured
+# cold run (scripts/test.sh writes a new one to .test-times/; docs/testing.md says how to refresh it).
+LONGEST_FIRST_SECONDS = 20.0  # files slower than this are handed out first
+
+
+def longest_first(table_path=None) -> tuple[str, ...]:
+    import json
+    from pathlib import Path
+
+    path = Path(table_path) if table_path else Path(__file__).with_name("file_times.json")
+    files = json.loads(path.read_text())["files"]
+    ranked = sorted(files.items(), key=lambda kv: (-kv[1], kv[0]))
+    return tuple(name for name, seconds in ranked if seconds >= LONGEST_FIRST_SECONDS)
+
+
+LONGEST_FIRST = longest_first()
 
 
 def pytest_collection_modifyitems(session, config, items):

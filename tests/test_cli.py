@@ -166,6 +166,19 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
         assert seen["executables"] == expected / "executables"  # serialized programs live beside XLA's cache
     else:
         assert seen["executables"] is None
+    if not flags:  # jaxchat.LLM() keeps its programs in the store a plain `jaxchat serve` uses
+        llm_kwargs = {}
+
+        def build_for_llm(model, **kwargs):
+            llm_kwargs.update(kwargs)
+            raise RuntimeError("stop after the arguments")
+
+        import jaxchat.llm
+
+        monkeypatch.setattr(jaxchat.llm, "build_chat_service", build_for_llm)
+        with pytest.raises(RuntimeError, match="stop after the arguments"):
+            jaxchat.llm.LLM(max_batch=2, max_context=512)
+        assert llm_kwargs["executable_cache"] == seen["executables"]
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--compile-cache", "x", "--no-compile-cache"])
     assert exc.value.code == 2

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jaxchat.api.service import ChatService
 
-__all__ = ["build_chat_service", "model_id_for"]
+__all__ = ["build_chat_service", "default_executable_cache", "model_id_for"]
 
 _QUANT_SUFFIXES = (".gguf", "-q4_k_m", "-q4_1", "-Q4_K_M", ".Q4_1")
 
@@ -25,6 +25,15 @@ def model_id_for(path) -> str:
     for suffix in _QUANT_SUFFIXES:
         name = name.removesuffix(suffix)
     return name
+
+
+def default_executable_cache(compile_cache=None) -> Path:
+    """The executable store of a compilation cache directory (default: the one `jaxchat serve` uses): the step
+    programs serialized under its `executables/` folder. `jaxchat serve` and `jaxchat.LLM()` both keep their
+    programs there, so a program compiled by one is loaded by the other."""
+    from jaxchat.engine.compile_cache import default_compile_cache_dir
+
+    return Path(compile_cache if compile_cache is not None else default_compile_cache_dir()) / "executables"
 
 
 def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "auto",

@@ -1,9 +1,14 @@
-"""`jaxchat serve --max-batch 64 --max-context 32768` on the default model, on this machine.
+"""`jaxchat serve --max-batch 64 --max-context 32768` with the default model's KV geometry, on this machine.
 
 Reserving 64 rows of 32k tokens (24 KiB of fp32 KV each) would take 48 GiB; the paged pool holds what the
 tokens in use need. The server starts with its pool sized by memory (the start-up log says how many tokens it
 holds) and stays far below that in memory, serves 48 concurrent requests whose greedy replies equal the same
-requests sent alone, and answers a prompt of more than 16k tokens (slow: on 2 cores its prefill takes minutes).
+requests sent alone, and answers a prompt of more than 16k tokens.
+
+What is checked depends on the KV geometry, not on the weights: the model served is a random Qwen2 with the
+default model's KV layout (24 layers x 2 KV heads x head_dim 64, so the same bytes per token, pool, pages and
+chunks) and the real Qwen2.5 tokenizer, but a hidden size of 128 and 2 query heads, so its 16k prefill costs a
+small fraction of the real model's FLOPs. The same run on the real weights is `bench/long_context.py`.
 """
 
 from __future__ import annotations
@@ -16,8 +21,22 @@ import httpx
 import pytest
 
 from tests.serve_process import start_serve, stop
+from tests.tiny_model import tiny_chat_model
 
 pytestmark = pytest.mark.slow
+
+# Qwen2.5-0.5B's KV geometry (its config: 24 layers, 2 KV heads, head_dim 64), a small everything else.
+MODEL_DIR = "long-context-kv-geometry-v1"  # under the asset cache; also the model id it is served as
+KV_GEOMETRY = {"num_hidden_layers": 24, "num_key_value_heads": 2, "head_dim": 64}
+
+
+def kv_geometry_model(vocab_size: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+        max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+        **KV_GEOMETRY))
 
 
 def rss_bytes(pid: int) -> int:
@@ -27,8 +46,11 @@ def rss_bytes(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    from jaxchat.assets import cache_dir
+
+    model = tiny_chat_model(cache_dir() / MODEL_DIR, model=kv_geometry_model)
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc, base = start_serve(["--max-batch", "64", "--max-context", "32768"], log, timeout=1800)
+    proc, base = start_serve(["--model", str(model), "--max-batch", "64", "--max-context", "32768"], log, timeout=1800)
     yield proc, base, log
     stop(proc)
 
@@ -40,9 +62,24 @@ def prompts(n: int) -> list[list[int]]:
 
 async def complete(client: httpx.AsyncClient, base: str, prompt: list[int], max_tokens: int) -> dict:
     r = await client.post(base + "/v1/completions", json={
-        "model": "qwen2.5-coder-0.5b-instruct", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        "model": MODEL_DIR, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def test_the_model_has_the_default_models_kv_geometry(server):
+    """Same KV bytes per token as Qwen2.5-Coder-0.5B-Instruct (its GGUF's metadata), hence the same pool."""
+    import gguf
+
+    from jaxchat.assets import DEFAULT_MODEL, asset_path
+
+    _, _, log = server
+    meta = gguf.GGUFReader(asset_path(DEFAULT_MODEL)).fields
+    value = lambda key: int(meta[key].parts[meta[key].data[0]][0])  # noqa: E731
+    heads, hidden = value("qwen2.attention.head_count"), value("qwen2.embedding_length")
+    assert KV_GEOMETRY == {"num_hidden_layers": value("qwen2.block_count"),
+                           "num_key_value_heads": value("qwen2.attention.head_count_kv"), "head_dim": hidden // heads}
+    assert "Chat format: hermes_json" in Path(log).read_text()
 
 
 def test_the_pool_is_sized_by_memory_not_by_rows_times_context(server):

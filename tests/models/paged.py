@@ -29,6 +29,22 @@ from jaxchat.models.kv import StepInputs
 jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
 
 
+_JITS: dict[tuple, tuple] = {}
+
+
+def _jitted(lm, backend, layout: str, backend_key: tuple) -> tuple:
+    """One pair of jitted forwards (uniform, ragged) per model, layout and attention settings, shared by every
+    `PagedRows` of them: a program traced and compiled for one is reused by the next of the same shapes."""
+    key = (id(lm), layout, backend_key)
+    found = _JITS.get(key)
+    if found is not None and found[0] is lm:
+        return found[1]
+    forward = functools.partial(lm.forward, backend=backend, layout=layout)
+    pair = (jit(forward, static_argnames=("uniform",)), jit(forward))
+    _JITS[key] = (lm, pair)
+    return pair
+
+
 class PagedRows:
     def __init__(self, lm, rows: int, max_len: int, *, page_size: int = 4, layout: str = "stacked", params=None,
                  kv_block: int = 2, query_block: int = 4, seed: int = 0):
@@ -39,9 +55,7 @@ class PagedRows:
         pages = np.random.default_rng(seed).permutation(np.arange(1, rows * per_row + 1))
         self.tables = pages.reshape(rows, per_row).astype(np.int32)
         self.pools = lm.new_pools(self.backend, rows * per_row + 1, page_size, rows, layout)
-        forward = functools.partial(lm.forward, backend=self.backend, layout=layout)
-        self._forward = jit(forward, static_argnames=("uniform",))
-        self.ragged_forward = jit(forward)
+        self._forward, self.ragged_forward = _jitted(lm, self.backend, layout, (page_size, kv_block, query_block))
 
     def place(self, mesh) -> PagedRows:
         """Put the pools on `mesh`, the engine's 1-D 'tp' mesh (`jaxchat.engine.step.make_mesh`), as its step
@@ -80,9 +94,13 @@ class PagedRows:
         return np.asarray(logits) if logits_index is not None else np.asarray(logits).reshape(b, t, -1)
 
 
+RAGGED_BUCKETS = (16, 32, 64, 128)  # token counts a ragged step is padded to, as the engine pads its steps
+
+
 def ragged_inputs(tables: np.ndarray, page_size: int, runs: list[tuple[int, list[int], int]], pad: int = 3):
-    """A ragged step (rows packed back to back, `pad` padding tokens after them): runs[i] = (the row, its tokens,
-    the position of its first token) -> (tokens [T], StepInputs, logits_index [R]: each run's last token)."""
+    """A ragged step (rows packed back to back, then at least `pad` padding tokens, up to the smallest of
+    `RAGGED_BUCKETS` that holds them, so steps of different token counts share a program): runs[i] = (the row, its
+    tokens, the position of its first token) -> (tokens [T], StepInputs, logits_index [R]: each run's last token)."""
     toks, pos, rows, cu = [], [], [], [0]
     owners = [row for row, _, _ in runs]
     for i, (_, run, start) in enumerate(runs):
@@ -90,6 +108,8 @@ def ragged_inputs(tables: np.ndarray, page_size: int, runs: list[tuple[int, list
         pos += list(range(start, start + len(run)))
         rows += [i] * len(run)
         cu.append(len(toks))
+    total = next((b for b in RAGGED_BUCKETS if b >= len(toks) + pad), len(toks) + pad)
+    pad = total - len(toks)
     toks += [0] * pad
     pos += [-1] * pad
     rows += [0] * pad
