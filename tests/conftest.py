@@ -1,7 +1,16 @@
-"""Session-wide pytest hooks: the reliability tests' counts are printed at the end of every run, so CI's
+"""Session-wide pytest hooks and settings: the reliability tests' counts are printed at the end of every run, so CI's
 output shows requests sent, 4xx, 5xx, completed, leaked slots and memory growth even when all pass."""
 
 from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tiny checkpoints' step programs compile at XLA's lowest optimisation level inside the test run
+# (jaxchat/engine/compile_level.py); the default model (~5e8 parameters) compiles as users get it. Servers the
+# tests start inherit the variable.
+os.environ.setdefault("JAXCHAT_FAST_COMPILE_BELOW", "50000000")
 
 
 def pytest_runtest_logreport(report):
@@ -15,8 +24,9 @@ def pytest_terminal_summary(terminalreporter):
 
     from tests import file_times
 
-    terminalreporter.section("per-file times")
-    file_times.write_summary(terminalreporter.write_line)
+    if not hasattr(terminalreporter.config, "workerinput"):  # the xdist controller (or a plain run) sees every file
+        terminalreporter.section("per-file times")
+        file_times.write_summary(terminalreporter.write_line)
 
     support = sys.modules.get("tests.reliability.support")
     lines = getattr(support, "REPORTS", None)
@@ -56,8 +66,6 @@ def pytest_collection_modifyitems(session, config, items):
     """Mark the `serial` tests, then order the longest files first (the notebooks among them: each starts a
     kernel, and one a server, with the default model while the pytest processes are still small; measured peak
     well inside 24 GiB)."""
-    import pytest
-
     for item in items:
         if item.nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
@@ -69,3 +77,34 @@ def pytest_collection_modifyitems(session, config, items):
         return len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within each file and among the rest is kept
+
+
+def _memory_maps() -> int | None:
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_programs_after_each_file(request):
+    """After each test file (its module fixtures torn down first): drop JAX's caches of compiled programs.
+    An XLA:CPU executable holds a few memory mappings for its code for as long as it lives, and one xdist
+    worker runs hundreds of files; kept alive, their programs reached Linux's 65,530 mappings per process
+    (vm.max_map_count), after which LLVM cannot map code ("Cannot allocate memory") and the worker aborted or
+    hung. $JAXCHAT_TEST_MAPS_LOG names a file that gets each file's mapping count after the release."""
+    yield
+    import gc
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()
+    log = os.environ.get("JAXCHAT_TEST_MAPS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {_memory_maps()} {request.node.nodeid}\n")

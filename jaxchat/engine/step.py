@@ -37,6 +37,8 @@ Contract:
   unrolled) and a vocab-major copy of the lm head (kept next to the params under "head_vd") that programs of
   more than one row use for the logits (XLA:CPU's GEMM runs [V, d] . x^T faster than x . [d, V] at several
   rows; one row is faster the other way).
+- Programs compile with `compile_level.step_compiler_options(params)`: XLA's defaults, or its lowest level for a
+  model below the test run's size threshold (the options are part of each program's executable-store key).
 - Warm-up also runs the small programs once (`PRIME_TOKENS`): on XLA:CPU a program's first run is slower than
   the next ones. Those runs write nothing (no slot, no page).
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
@@ -59,6 +61,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.bitmask import mask_words
+from jaxchat.engine.compile_level import step_compiler_options
 from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 from jaxchat.models.base import StepModel
@@ -310,16 +313,18 @@ class StepRunner:
                                                 jnp.zeros((b,), jnp.int32)), state_sh)
         self._rep = rep
         forward = functools.partial(model.forward, backend=backend)
+        self.compiler_options = step_compiler_options(model.params)
+        jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
         self._programs: dict[tuple, Any] = {}
         for key in self.program_keys():
             if key[0] == "sample":
                 fn = functools.partial(sample_step, valid_vocab=valid_vocab)
-                self._programs[key] = jax.jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
+                self._programs[key] = jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
                                               out_shardings=(state_sh, rep))
                 continue
             uniform = (key[1], 1) if key[0] == "decode" else (1, key[1]) if key[2] == 1 else None
             fn = functools.partial(forward_step, forward=forward, uniform=uniform, shape=self._shape(key))
-            self._programs[key] = jax.jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
+            self._programs[key] = jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
                                           out_shardings=(state_sh, rep))
         self._ones: dict[int, jax.Array] = {}  # the all-ones bitmask of each row count, on the device
         self._launched: tuple[tuple, int] | None = None  # the last launch's program key and row count
@@ -515,7 +520,8 @@ class StepRunner:
             if self.executables is None:
                 self._compiled[key] = program.lower(*args).compile()
             else:
-                identity = f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
+                identity = (f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
+                            f"|options={sorted(self.compiler_options.items())}")
                 self._compiled[key] = self.executables.load_or_compile(identity, program, args)
             if progress is not None:
                 progress(i + 1, len(keys))

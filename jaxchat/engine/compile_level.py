@@ -1,0 +1,39 @@
+"""The XLA options the step programs compile with.
+
+Contract: `step_compiler_options(params)` returns `{}` (XLA's defaults, what users get) unless the environment
+variable `JAXCHAT_FAST_COMPILE_BELOW` holds a parameter count and the model's params (a pytree of arrays)
+hold fewer elements than that: then the lowest backend optimisation level, which roughly halves compile time
+on XLA:CPU for a tiny model and leaves its outputs as they are up to float rounding. The test suite sets the
+variable (tests/conftest.py) so its tiny checkpoints compile fast; the default model (about 5e8 parameters)
+stays above any threshold it sets. A value that is not an integer is a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+FAST_COMPILE_ENV = "JAXCHAT_FAST_COMPILE_BELOW"
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def fast_compile_threshold() -> int:
+    """The parameter count below which programs compile at the lowest level (0: never)."""
+    raw = os.environ.get(FAST_COMPILE_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise ValueError(f"{FAST_COMPILE_ENV}={raw!r} is not a parameter count (an integer such as 50000000)") from None
+
+
+def param_count(params: Any) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params) if hasattr(x, "shape"))
+
+
+def step_compiler_options(params: Any) -> dict[str, int]:
+    return dict(FAST_COMPILE_OPTIONS) if param_count(params) < fast_compile_threshold() else {}
