@@ -25,7 +25,8 @@ MAX_BATCH = 8
 MAX_CONTEXT = 1024
 STEP_TOKEN_BUCKETS = (64, 256)  # fewer step programs than the default: a faster warmup, same code paths
 NAN_POSITIONS = (900, 910)  # [lo, hi): positions whose logits the hook turns into NaN
-SIGTERM_SERVE_ARGS = ("--max-batch", "2", "--max-context", "256")
+# the shape set of the jump-forward and prefix-cache services (tests/engine): one more serve of the same programs
+SIGTERM_SERVE_ARGS = ("--max-batch", "2", "--max-context", "512", "--max-step-tokens", "64")
 
 
 def nan_hook(forward):
