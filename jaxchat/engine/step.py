@@ -37,8 +37,9 @@ Contract:
   unrolled) and a vocab-major copy of the lm head (kept next to the params under "head_vd") that programs of
   more than one row use for the logits (XLA:CPU's GEMM runs [V, d] . x^T faster than x . [d, V] at several
   rows; one row is faster the other way).
-- Programs compile with `compile_level.step_compiler_options(params)`: XLA's defaults, or its lowest level for a
-  model below the test run's size threshold (the options are part of each program's executable-store key).
+- Forward programs compile with `compile_level.step_compiler_options(params)`: XLA's defaults, or its lowest
+  level for a model below the test run's size threshold (the options are part of each program's
+  executable-store key); samplers always with XLA's defaults (their vocab-wide loops run far slower unoptimised).
 - Warm-up also runs the small programs once (`PRIME_TOKENS`): on XLA:CPU a program's first run is slower than
   the next ones. Those runs write nothing (no slot, no page).
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
@@ -319,7 +320,7 @@ class StepRunner:
         for key in self.program_keys():
             if key[0] == "sample":
                 fn = functools.partial(sample_step, valid_vocab=valid_vocab)
-                self._programs[key] = jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
+                self._programs[key] = jax.jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
                                               out_shardings=(state_sh, rep))
                 continue
             uniform = (key[1], 1) if key[0] == "decode" else (1, key[1]) if key[2] == 1 else None
@@ -500,6 +501,10 @@ class StepRunner:
     def _program(self, key: tuple):
         return self._compiled.get(key) or self._programs[key]
 
+    def _options_of(self, key: tuple) -> dict:
+        """The compiler options of program `key`: the samplers (vocab-wide elementwise work) always XLA's own."""
+        return {} if key[0] == "sample" else self.compiler_options
+
     def _example(self, key: tuple) -> tuple:
         """The arguments a call of program `key` passes (for lowering)."""
         if key[0] != "sample":
@@ -521,7 +526,7 @@ class StepRunner:
                 self._compiled[key] = program.lower(*args).compile()
             else:
                 identity = (f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
-                            f"|options={sorted(self.compiler_options.items())}")
+                            f"|options={sorted(self._options_of(key).items())}")
                 self._compiled[key] = self.executables.load_or_compile(identity, program, args)
             if progress is not None:
                 progress(i + 1, len(keys))

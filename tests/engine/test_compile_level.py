@@ -48,16 +48,25 @@ def test_options_reach_the_compiler(monkeypatch):
         program.lower(jnp.ones(2)).compile()
 
 
-def test_the_test_runs_engines_pick_the_fast_level():
-    """tests/conftest.py sets the threshold; an engine on a tiny model compiles its programs with the options."""
-    import os
-
+def test_an_engine_on_a_tiny_model_picks_the_fast_level(monkeypatch):
+    """Below the threshold the forwards get the options and the samplers keep XLA's defaults; unset, none do."""
     from jaxchat.engine.engine import Engine
     from tests.engine.helpers import FakeModel, byte_tokenizer
 
-    assert int(os.environ[FAST_COMPILE_ENV]) < DEFAULT_MODEL_PARAMS
-    engine = Engine(FakeModel(byte_tokenizer()), max_batch=1, max_context=32, max_step_tokens=16, start=False)
+    shapes = {"max_batch": 1, "max_context": 32, "max_step_tokens": 16, "start": False}
+    monkeypatch.setenv(FAST_COMPILE_ENV, "50000000")
+    engine = Engine(FakeModel(byte_tokenizer()), **shapes)
     try:
-        assert engine.runner.compiler_options == FAST_COMPILE_OPTIONS
+        runner = engine.runner
+        assert runner.compiler_options == FAST_COMPILE_OPTIONS
+        keys = runner.program_keys()
+        assert [runner._options_of(k) for k in keys if k[0] != "sample"] == [FAST_COMPILE_OPTIONS] * (len(keys) - 1)
+        assert [runner._options_of(k) for k in keys if k[0] == "sample"] == [{}]
+    finally:
+        engine.shutdown()
+    monkeypatch.delenv(FAST_COMPILE_ENV)
+    engine = Engine(FakeModel(byte_tokenizer()), **shapes)
+    try:
+        assert engine.runner.compiler_options == {}
     finally:
         engine.shutdown()
