@@ -9,7 +9,7 @@ serves (paged pool, ragged step, overlapped loop, the attention backend `auto` p
 - TTFT of a 512-token prompt at batch 1 (median of 3, each a new prompt);
 - the default model's step time at 16 rows with a JSON schema on every row against unconstrained rows.
 Prints one table per model and a last line `device check: ok`. `--smoke` is a reduced run for CI on CPU: SmolLM2
-only, batches 1 and 2, few tokens, no 1.5B config.
+only, batches 1 and 2, few tokens, a 256-token context with one 64-token step bucket, no 1.5B config.
 
     python bench/device_check.py [--smoke] [--new-tokens 64] [--batches 1,16,64] [--models default,dense-1.5b]
 """
@@ -85,14 +85,14 @@ def step_time(engine, rows: int, tokens: int, constrained: bool) -> float:
     return asyncio.run(run())
 
 
-def check(name: str, model, args, batches: list[int], constrained_rows: int) -> None:
+def check(name: str, model, args, batches: list[int], constrained_rows: int, **shapes) -> None:
     import jax
 
     from bench.decode import run_jaxchat, weight_bytes_per_step
     from jaxchat.engine.engine import Engine
 
     t0 = time.perf_counter()
-    engine = Engine(model, max_batch=max(batches), max_context=1024)
+    engine = Engine(model, max_batch=max(batches), **{"max_context": 1024, **shapes})
     ready = time.perf_counter() - t0
     bw, source = bandwidth(jax.devices()[0])
     per_step = weight_bytes_per_step(model)
@@ -135,7 +135,7 @@ def main() -> None:
     if args.smoke:
         args.new_tokens, args.prompt_tokens = min(args.new_tokens, 8), min(args.prompt_tokens, 64)
         check("smollm2-135m (smoke)", load_model(asset_path("smollm2-135m-instruct-q4_1.gguf"), dtype),
-              args, [1, 2], constrained_rows=2)
+              args, [1, 2], constrained_rows=2, max_context=256, step_token_buckets=(64,))  # few programs
     else:
         batches = [int(b) for b in args.batches.split(",")]
         for name in args.models.split(","):
