@@ -79,32 +79,18 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=rank)  # stable: the order within each file and among the rest is kept
 
 
-def _memory_maps() -> int | None:
-    try:
-        with open("/proc/self/maps") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _release_programs_after_each_file(request):
-    """After each test file (its module fixtures torn down first): drop JAX's caches of compiled programs.
-    An XLA:CPU executable holds a few memory mappings for its code for as long as it lives, and one xdist
-    worker runs hundreds of files; kept alive, their programs reached Linux's 65,530 mappings per process
-    (vm.max_map_count), after which LLVM cannot map code ("Cannot allocate memory") and the worker aborted or
-    hung. $JAXCHAT_TEST_MAPS_LOG names a file that gets each file's mapping count after the release."""
+    """After each test file (its module fixtures torn down first): drop JAX's compiled programs
+    (tests/program_release.py). An XLA:CPU executable holds a few memory mappings for its code for as long as it
+    lives, and one xdist worker runs hundreds of files: kept alive, their programs reached Linux's 65,530
+    mappings per process (vm.max_map_count), after which LLVM cannot map code ("Cannot allocate memory") and the
+    worker aborted or hung. $JAXCHAT_TEST_MAPS_LOG names a file that gets each file's mapping count after it."""
     yield
-    import gc
-    import sys
+    from tests.program_release import memory_maps, release_compiled_programs
 
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return
-    gc.collect()
-    jax.clear_caches()
-    gc.collect()
+    release_compiled_programs()
     log = os.environ.get("JAXCHAT_TEST_MAPS_LOG")
     if log:
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {_memory_maps()} {request.node.nodeid}\n")
+            f.write(f"{os.getpid()} {memory_maps()} {request.node.nodeid}\n")
