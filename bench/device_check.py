@@ -85,14 +85,15 @@ def step_time(engine, rows: int, tokens: int, constrained: bool) -> float:
     return asyncio.run(run())
 
 
-def check(name: str, model, args, batches: list[int], constrained_rows: int, **shapes) -> None:
+def check(name: str, model, args, batches: list[int], constrained_rows: int, max_context: int = 1024,
+          **engine_options) -> None:
     import jax
 
     from bench.decode import run_jaxchat, weight_bytes_per_step
     from jaxchat.engine.engine import Engine
 
     t0 = time.perf_counter()
-    engine = Engine(model, max_batch=max(batches), **{"max_context": 1024, **shapes})
+    engine = Engine(model, max_batch=max(batches), max_context=max_context, **engine_options)
     ready = time.perf_counter() - t0
     bw, source = bandwidth(jax.devices()[0])
     per_step = weight_bytes_per_step(model)

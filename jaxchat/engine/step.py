@@ -315,18 +315,17 @@ class StepRunner:
         self._rep = rep
         forward = functools.partial(model.forward, backend=backend)
         self.compiler_options = step_compiler_options(model.params)
-        jit = functools.partial(jax.jit, compiler_options=self.compiler_options or None)
         self._programs: dict[tuple, Any] = {}
         for key in self.program_keys():
             if key[0] == "sample":
                 fn = functools.partial(sample_step, valid_vocab=valid_vocab)
                 self._programs[key] = jax.jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
-                                              out_shardings=(state_sh, rep))
+                                              out_shardings=(state_sh, rep), compiler_options=self._options_of(key) or None)
                 continue
             uniform = (key[1], 1) if key[0] == "decode" else (1, key[1]) if key[2] == 1 else None
             fn = functools.partial(forward_step, forward=forward, uniform=uniform, shape=self._shape(key))
-            self._programs[key] = jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
-                                          out_shardings=(state_sh, rep))
+            self._programs[key] = jax.jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
+                                          out_shardings=(state_sh, rep), compiler_options=self._options_of(key) or None)
         self._ones: dict[int, jax.Array] = {}  # the all-ones bitmask of each row count, on the device
         self._launched: tuple[tuple, int] | None = None  # the last launch's program key and row count
         self._logits: jax.Array | None = None
