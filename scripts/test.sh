@@ -23,7 +23,13 @@ started=$(date +%s)
 JAXCHAT_TEST_TIMES="$TIMES/parallel.json" .venv/bin/python -m pytest -m "not serial" -n "$WORKERS" --dist loadfile \
   --no-loadscope-reorder "$@"
 parallel=$?
-JAXCHAT_TEST_TIMES="$TIMES/serial.json" .venv/bin/python -m pytest -m serial "$@"
+# With no arguments the serial pass collects only the paths that hold serial tests (tests/serial_paths.py).
+if [ "$#" -eq 0 ]; then
+  mapfile -t serial_args < <(.venv/bin/python -m tests.serial_paths)
+else
+  serial_args=("$@")
+fi
+JAXCHAT_TEST_TIMES="$TIMES/serial.json" .venv/bin/python -m pytest -m serial "${serial_args[@]}"
 alone=$?
 runs=()
 for f in "$TIMES"/parallel.json "$TIMES"/serial.json; do [ -f "$f" ] && runs+=("$f"); done

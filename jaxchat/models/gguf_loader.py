@@ -259,7 +259,7 @@ def _config_from_json(text: str) -> ModelConfig:
     return ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(text).items()})
 
 
-def _open_cache(cache: Path | None):
+def open_cache(cache: Path | None):
     """The cache file's safetensors handle and metadata, or (None, None) when absent or unreadable."""
     from safetensors import safe_open
 
@@ -275,6 +275,40 @@ def _open_cache(cache: Path | None):
         return None, None
 
 
+def _gguf_tensors(path: Path, reader) -> tuple[ModelConfig, str | None, dict[str, Tensor]]:
+    """The config, chat template and (lazily dequantised, HF-named) tensors of an open GGUF file."""
+    names = {t.name for t in reader.tensors}
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise ModelLoadError(f"{path.name}: missing tensor 'token_embd.weight'")
+    cfg = config_from_gguf(reader, names, int(embd.shape[-1]))
+    arch = field(reader, "general.architecture")
+    template = field(reader, "tokenizer.chat_template")
+    heads = (cfg.num_heads, cfg.num_kv_heads)
+    return cfg, template, {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
+
+
+def fill_dequantized_cache(path: str | Path) -> Path | None:
+    """Write the dequantised cache of the GGUF file at `path` now, without building the model (the asset fetch
+    of scripts/bootstrap.sh does this, so a first `serve` maps the cache instead of dequantising). Returns the
+    cache file, or None when caching is off or the cache could not be written; an existing cache is kept."""
+    import gguf
+
+    path = Path(path)
+    cache = dequantized_cache_file(path)
+    if cache is None or open_cache(cache)[0] is not None:
+        return cache
+    cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
+    writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
+                          {"config": _config_json(cfg), "chat_template": template or ""})
+    try:
+        for name, tensor in tensors.items():
+            writer.wrap(name, tensor).load()
+    finally:
+        writer.finish()
+    return cache if cache.exists() else None
+
+
 def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
     """A GGUF model; from the dequantised cache (config and chat template included) when there is one,
     which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary)."""
@@ -283,22 +317,13 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
     path = Path(path)
     cache = dequantized_cache_file(path)
     desc = f"loading {path.name}"
-    handle, meta = _open_cache(cache)
+    handle, meta = open_cache(cache)
     if handle is not None:
         cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
         with handle:
             graphdef, params = assemble(cfg, _cached_tensors(handle), dtype, mesh, where=str(cache), desc=desc)
     else:
-        reader = gguf.GGUFReader(str(path))
-        names = {t.name for t in reader.tensors}
-        embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-        if embd is None:
-            raise ModelLoadError(f"{path.name}: missing tensor 'token_embd.weight'")
-        cfg = config_from_gguf(reader, names, int(embd.shape[-1]))
-        arch = field(reader, "general.architecture")
-        template = field(reader, "tokenizer.chat_template")
-        heads = (cfg.num_heads, cfg.num_kv_heads)
-        tensors = {hf_name(t.name, arch): _tensor(t, t.name, arch, heads) for t in reader.tensors}
+        cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
         writer = None
         if cache is not None:
             writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()},

@@ -185,7 +185,8 @@ def test_multimodal_gemma4_checkpoint_loads_its_text_decoder(tmp_path):
 def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
     """The first load of a GGUF writes its dequantised tensors (with the config and chat template) to the asset
     cache; the next load reads them from there (dequantising and GGUF parsing are patched to fail) and gives
-    the same config, template and params."""
+    the same config, template and params. Written ahead of any load (`fill_dequantized_cache`, what
+    scripts/bootstrap.sh runs), the file is the same byte for byte, and an existing one is kept."""
     import gguf
     import gguf.quants
     import jax
@@ -209,5 +210,12 @@ def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
     assert jax.tree.structure(first.params) == jax.tree.structure(second.params)
     for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    monkeypatch.undo()  # the bootstrap's ahead-of-time fill (jaxchat.models.prepare_assets) writes the same file
+    monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
+    written_by_load = cache.read_bytes()
+    cache.unlink()
+    assert gguf_loader.fill_dequantized_cache(path) == cache and cache.read_bytes() == written_by_load
+    stamp = cache.stat().st_mtime_ns
+    assert gguf_loader.fill_dequantized_cache(path) == cache and cache.stat().st_mtime_ns == stamp  # kept
     monkeypatch.setenv("JAXCHAT_DEQUANT_CACHE", "0")
     assert gguf_loader.dequantized_cache_file(path) is None

@@ -1,0 +1,23 @@
+"""The paths that hold every `serial` test: tests/conftest.py's SERIAL folders and each test file that marks a test
+`@pytest.mark.serial` itself. scripts/test.sh runs its serial pass over these paths only (when given no arguments),
+so that pass collects a few hundred tests instead of importing every test module a third time.
+
+`python -m tests.serial_paths` prints them, one per line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def serial_paths() -> list[str]:
+    from tests.conftest import SERIAL
+
+    marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                    if "pytest.mark.serial" in p.read_text() and not str(p.relative_to(ROOT)).startswith(SERIAL))
+    return [*SERIAL, *marked]
+
+
+if __name__ == "__main__":
+    print("\n".join(serial_paths()))
