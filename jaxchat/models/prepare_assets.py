@@ -19,7 +19,7 @@ def prepare(name: str) -> str:
     import gguf
 
     from jaxchat.assets import AssetError, asset_path
-    from jaxchat.models.gguf_loader import open_cache, field, fill_dequantized_cache, gguf_tokenizer
+    from jaxchat.models.gguf_loader import field, fill_dequantized_cache, gguf_tokenizer, open_cache
 
     try:
         path = asset_path(name)
