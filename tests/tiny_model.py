@@ -17,6 +17,14 @@ import os
 import shutil
 from pathlib import Path
 
+# The two shape sets the tiny Qwen2 is served in, so that each program compiles once per test run and the other
+# files that serve it load it from the run's cache: in process (`build_chat_service`: one decode program, one
+# ragged one, their sampler) and through `jaxchat serve` (flags `SERVE_ARGS`; the jump-forward and prefix-cache
+# services use the same shapes in process).
+IN_PROCESS_SHAPES = {"max_batch": 8, "max_context": 512, "decode_rows": (8,), "step_token_buckets": (256,)}
+SERVE_SHAPES = {"max_batch": 2, "max_context": 512, "max_step_tokens": 64}
+SERVE_ARGS = tuple(arg for name, value in SERVE_SHAPES.items() for arg in (f"--{name.replace('_', '-')}", str(value)))
+
 
 def tiny_chat_model(directory: str | Path, template: str | None = None, seed: int = 0,
                     special_tokens: tuple[str, ...] = (), model=None) -> Path:

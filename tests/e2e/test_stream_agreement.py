@@ -15,7 +15,7 @@ import json
 import pytest
 
 from jaxchat.api import parse_chat_request
-from tests.tiny_model import tiny_chat_model
+from tests.tiny_model import IN_PROCESS_SHAPES, tiny_chat_model
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
@@ -30,7 +30,7 @@ def services(tmp_path_factory):
 
     # One decode and one prefill program, the shapes test_truncation's services use: with the run's shared
     # compilation cache, whichever file builds them first compiles them and the other loads them.
-    shapes = {"max_batch": 8, "max_context": 512, "decode_rows": (8,), "step_token_buckets": (256,)}
+    shapes = IN_PROCESS_SHAPES
     qwen25 = tiny_chat_model(tmp_path_factory.mktemp("qwen25"))
     made = {
         "qwen25": build_chat_service(qwen25, **shapes),

@@ -16,7 +16,7 @@ import asyncio
 import pytest
 
 from jaxchat.api import parse_chat_request
-from tests.tiny_model import tiny_chat_model
+from tests.tiny_model import IN_PROCESS_SHAPES, tiny_chat_model
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def service(request, tmp_path_factory):
     template, tokens, kind = FORMATS[request.param]
     model = tiny_chat_model(tmp_path_factory.mktemp(request.param), template, special_tokens=tokens)
     context = LONG_PROMPTS.get(request.param, 512)
-    svc = build_chat_service(model, max_batch=8, max_context=context, decode_rows=(8,), step_token_buckets=(256,))
+    svc = build_chat_service(model, **{**IN_PROCESS_SHAPES, "max_context": context})
     # one decode program, one ragged one and their sampler: a quick warmup
     assert svc.spec.kind == kind, f"{template} was detected as {svc.spec}"
     yield svc

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.serve_process import start_serve, stop
-from tests.tiny_model import tiny_chat_model
+from tests.tiny_model import SERVE_ARGS, tiny_chat_model  # the tiny model's serve shapes, compiled cold here
 
 
 def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: Path | None = None) -> dict:
@@ -28,7 +28,7 @@ def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: 
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if env_cache is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = str(env_cache)
-    proc, base = start_serve(["--model", str(model), "--max-batch", "1", "--max-context", "64", *cache_args], log,
+    proc, base = start_serve(["--model", str(model), *SERVE_ARGS, *cache_args], log,
                              env=env, timeout=300)
     try:
         with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:

@@ -219,6 +219,7 @@ def test_real_pipeline_named_tool_and_strict_schema():
     from jaxchat.api.request import parse_chat_request
     from jaxchat.server.metrics import Metrics
     from tests.reliability.tiny import tiny_checkpoint
+    from tests.tiny_model import SERVE_SHAPES
 
     schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}, "days": {"type": "integer"},
                                                "metric": {"type": "boolean"}},
@@ -246,7 +247,7 @@ def test_real_pipeline_named_tool_and_strict_schema():
 
         return asyncio.run(all_bodies())
 
-    service = build_chat_service(tiny_checkpoint(), max_batch=2, max_context=512, max_step_tokens=64)
+    service = build_chat_service(tiny_checkpoint(), **SERVE_SHAPES)
     try:
         on = ask(service)
         metrics = Metrics(service).render().decode()

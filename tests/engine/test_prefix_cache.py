@@ -111,10 +111,11 @@ def test_chat_usage_reports_cached_tokens_and_metrics_count_them():
     from jaxchat.api.request import parse_chat_request, parse_completion_request
     from jaxchat.server.metrics import Metrics
     from tests.reliability.tiny import tiny_checkpoint
+    from tests.tiny_model import SERVE_SHAPES
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    shapes = {"max_batch": 2, "max_context": 512, "max_step_tokens": 64}
+    shapes = SERVE_SHAPES
 
     def conversation(service):
         async def turns():

@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.tiny import tiny_checkpoint
+from tests.tiny_model import SERVE_ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_BATCH = 8
 MAX_CONTEXT = 1024
 STEP_TOKEN_BUCKETS = (64, 256)  # fewer step programs than the default: a faster warmup, same code paths
 NAN_POSITIONS = (900, 910)  # [lo, hi): positions whose logits the hook turns into NaN
-# the shape set of the jump-forward and prefix-cache services (tests/engine): one more serve of the same programs
-SIGTERM_SERVE_ARGS = ("--max-batch", "2", "--max-context", "512", "--max-step-tokens", "64")
+# the tiny model's serve shapes (tests/tiny_model.py), shared with the jump-forward and prefix-cache services
+SIGTERM_SERVE_ARGS = SERVE_ARGS
 
 
 def nan_hook(forward):
