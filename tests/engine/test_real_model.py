@@ -67,7 +67,9 @@ def test_tiny_qwen2_isolation_and_transformers_parity(tmp_path):
 
     ckpt = make_checkpoint(tmp_path / "ckpt")
     prompt = [11, 12, 13, 14, 15, 16, 17]
-    engine = Engine(load_model(ckpt, "float32", None), max_batch=4, max_context=32, start=False, max_step_tokens=64)
+    # alone in the 1-row decode program, joined by others in the 4-row one (CI time: 5 programs, not 8)
+    engine = Engine(load_model(ckpt, "float32", None), max_batch=4, max_context=32, start=False,
+                    step_token_buckets=(64,), decode_rows=(1, 4))
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 20))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 20))
     assert mixed["p"] == alone
@@ -131,7 +133,7 @@ SHARDED = textwrap.dedent("""
     for name, devs in (("one", jax.devices()[:1]), ("eight", jax.devices())):
         mesh = make_mesh(devs)
         e = Engine(load_model(sys.argv[1], "float32", None), max_batch=4, max_context=32, mesh=mesh, start=False,
-                   max_step_tokens=64)
+                   step_token_buckets=(64,), decode_rows=(4,))  # 3 programs a mesh (CI time)
         out[name] = run_plan(e, isolation_plan([11, 12, 13, 14, 15], 12))
         keys = jax.tree.leaves(e.runner.state.pools)[0]
         out[name + "_pool_shape"] = list(keys.shape)
@@ -176,7 +178,7 @@ def test_smollm2_gguf_batch_isolation():
                                                add_generation_prompt=True, tokenize=False)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
     # alone in the 1-row program, joined by 3 others in the 4-row one (CI time: few programs)
-    engine = Engine(model, max_batch=4, max_context=128, start=False, max_step_tokens=64, decode_rows=(1, 4))
+    engine = Engine(model, max_batch=4, max_context=128, start=False, step_token_buckets=(64,), decode_rows=(1, 4))
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone
