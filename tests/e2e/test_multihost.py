@@ -32,7 +32,7 @@ import pytest
 from tests.serve_process import ROOT, free_port, start_serve
 from tests.tiny_model import tiny_chat_model
 
-SERVE_ARGS = ["--max-batch", "4", "--max-context", "64"]
+SERVE_ARGS = ["--max-batch", "4", "--max-context", "64", "--max-step-tokens", "16"]  # one ragged program (CI time)
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 REQUESTS = [  # (endpoint, body); greedy, several shapes of request in one batch
