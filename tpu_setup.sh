@@ -163,14 +163,14 @@ install_packages() {
   local torch_index="${JAXCHAT_TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
   if [ -n "$torch_index" ]; then
     echo "torch (CPU wheel from $torch_index)"
-    pip_install torch --index-url "$torch_index"
+    pip_install "torch==2.13.0" --index-url "$torch_index"
   else
     echo "torch (from the default package index)"
-    pip_install torch
+    pip_install "torch==2.13.0"
   fi
   case "$EXPECT" in
     tpu)
-      echo "jaxchat with its TPU extra: pip install -e \"${ROOT}[tpu]\" (jax[tpu], libtpu)"
+      echo "jaxchat with its TPU extra: pip install -e \"${ROOT}[tpu]\" (the jax/jaxlib/libtpu the tests ran with)"
       pip_install -e "${ROOT}[tpu]"
       ;;
     gpu)

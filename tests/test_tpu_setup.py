@@ -105,3 +105,17 @@ def test_skip_install_and_assets_runs_the_check_and_prints_how_to_serve():
     assert "jaxchat serve --model /path/to/hf_dir --dtype bfloat16 --max-batch 32" in result.stdout
     assert "--worker=all --command 'cd /path/to/jaxchat && .venv/bin/jaxchat serve --model" in result.stdout
     assert "--coordinator HOST0:PORT --num-processes N --process-id I" in result.stdout
+
+
+def test_the_tpu_extra_pins_the_jax_the_tests_run_with():
+    """pyproject's `tpu` extra (what tpu_setup.sh installs) names the exact jax of this environment; jax's own
+    `tpu` extra then pins the matching jaxlib and libtpu."""
+    import importlib.metadata
+    import tomllib
+
+    import jax
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
+    assert extra == [f"jax[tpu]=={jax.__version__}"], extra
+    assert any(r.startswith("libtpu==") and 'extra == "tpu"' in r for r in importlib.metadata.requires("jax"))
+    assert 'pip_install -e "${ROOT}[tpu]"' in SCRIPT.read_text()
