@@ -209,7 +209,8 @@ def unstack_layers(params: dict) -> dict:
     """`params` with `params["layers"]` split into a tuple of per-layer dicts, each layer its own buffers.
 
     On a single CPU device the layers are zero-copy views of the stacked buffers (no extra memory);
-    otherwise (sharded, accelerators) they are copies that keep the stacked arrays' shardings.
+    otherwise (sharded, accelerators) they are copies that keep the stacked arrays' shardings. Abstract params
+    (`jax.ShapeDtypeStruct`s, for lowering) give abstract layers with those shardings.
     """
     import jax
     import numpy as np
@@ -219,6 +220,11 @@ def unstack_layers(params: dict) -> dict:
     n = leaves[0].shape[0]
 
     def split(x):
+        if isinstance(x, jax.ShapeDtypeStruct):  # abstract (lowering): the layer's shape, its sharding less axis 0
+            sh = x.sharding
+            if isinstance(sh, jax.sharding.NamedSharding):
+                sh = jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(*tuple(sh.spec)[1:]))
+            return [jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sh)] * n
         devs = x.sharding.device_set if isinstance(x, jax.Array) else set()
         if len(devs) == 1 and next(iter(devs)).platform == "cpu":
             view = np.asarray(x)  # shares the buffer; device_put of an aligned view is zero-copy on CPU
