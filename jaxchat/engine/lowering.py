@@ -3,7 +3,8 @@ compile there, for the `tpu` platform, on fake CPU devices (no TPU, no weights).
 
 Contract:
 - `ensure_devices(n)`: makes sure this process can have `n` CPU devices (sets `jax_num_cpu_devices` when JAX's
-  backends are not yet up); False when they are up with fewer (the CLI then re-runs itself with `XLA_FLAGS`).
+  backends are not yet up and `XLA_FLAGS` does not already ask for enough); False when they are up with fewer
+  (the CLI then re-runs itself with `XLA_FLAGS`).
 - `abstract_model(path, dtype)`: a `LoadedModel` whose params are `jax.ShapeDtypeStruct`s, from an HF directory's
   `config.json` or a config.json file (no tensors are read).
 - `lower_slice(path, chip, devices, ...) -> SliceReport`: the engine's choices for that slice, made as
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,9 @@ def ensure_devices(n: int) -> bool:
 
     if not xla_bridge.backends_are_initialized():
         jax.config.update("jax_platforms", "cpu")
-        jax.config.update("jax_num_cpu_devices", max(n, 1))
+        flags = re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+        if not flags or int(flags[-1]) < n:
+            jax.config.update("jax_num_cpu_devices", max(n, 1))
     return len(jax.devices()) >= n
 
 
@@ -165,7 +170,7 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     keys = runner.program_keys()
     report.total_programs = len(keys)
     if chosen == "pallas":
-        report.vmem_bytes = max(kernel_vmem(cfg, dtype, devices, page, chip, runner._shape(k)[0],
+        report.vmem_bytes = max(kernel_vmem(cfg, dtype, devices, page, chip, k[1],
                                             runner.pages_per_row) for k in keys if k[0] != "sample")
     for key in keys if programs == "all" else _largest(keys):
         t0 = time.perf_counter()
