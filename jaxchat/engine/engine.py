@@ -31,7 +31,10 @@ Contract:
   still being read: the gather also waits while announced requests have not been submitted, within the
   window (`arrivals`).
 - `attention` ("auto", "xla", "pallas"; `attention_backend`): the jnp ragged attention everywhere, or JAX's
-  Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact).
+  Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact),
+  under shard_map over the mesh (the jnp path where the kv heads do not divide the devices). On the kernel's
+  path the per-layer weight buffers replace the stacked ones (one copy: `model.params` becomes the per-layer
+  form, except on one CPU device, where the layers are views of the stacked arrays).
 - `speculative` ("off", "ngram", "auto": `default_speculative`, ngram on CPU only): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
   (`speculate`), verified in "verify" steps (8 tokens on CPU, 16 or 64 on accelerators; `verify_buckets`; a
   sampled token at every position) under the grammar's mask at
@@ -300,8 +303,15 @@ class Engine:
         page = page_size or default_page_size(self.mesh, max_context)
         backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page, self.mesh,
                                     chip_of_device(self.mesh.devices.flat[0]), model.dtype)
-        step_model = (model.step_model(params, mesh_platform(self.mesh), layout="unrolled")
-                      if backend.name == "pallas" else model.step_model(params, mesh_platform(self.mesh)))
+        platform = mesh_platform(self.mesh)
+        # the kernel's per-layer buffers are copies (but on one CPU device: views): they take the stacked
+        # arrays' place, so the weights are held once
+        takes_over = backend.name == "pallas" and model.stacked and (platform != "cpu" or self.mesh.devices.size > 1)
+        step_model = (model.step_model(params, platform, layout="unrolled", consume=takes_over)
+                      if backend.name == "pallas" else model.step_model(params, platform))
+        if takes_over:
+            model.params = step_model.params
+        del params
         pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
         n_dev = self.mesh.devices.size
         if num_pages is None and n_dev > 1 and pages > n_dev:

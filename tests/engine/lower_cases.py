@@ -76,10 +76,78 @@ def shard_map_matches_one_device() -> dict:
             "out_abs_max": float(np.abs(out1).max())}
 
 
+def memory_on_four_devices() -> dict:
+    """An engine on the kernel's path over 4 of the devices (no warm-up): the most bytes any device holds at each
+    point of start-up (after each placement and each unstacked weight), against its share of the weights and
+    the pool; whether any pool array is held whole by one device; the stacked weights left alive."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxchat.engine import step as step_mod
+    from jaxchat.engine.engine import Engine
+    from jaxchat.models import LoadedModel, ModelConfig
+    from jaxchat.models.families import abstract_model, as_params
+
+    cfg = ModelConfig(family="qwen3", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=3,
+                      num_heads=8, num_kv_heads=4, head_dim=128, qk_norm=True)
+    graphdef, state = abstract_model(cfg, "float32")
+    from flax import nnx
+
+    shapes = as_params(nnx.to_pure_dict(state), cfg)
+    params = jax.tree.map(lambda x: np.full(x.shape, 0.01, np.float32), shapes)
+    model = LoadedModel(cfg, graphdef, params, "float32", tokenizer=None, eos_token_ids=())
+    devices = jax.devices()[:4]
+    peaks: list[int] = []
+
+    def sample(*_):
+        per: dict = {}
+        for arr in jax.live_arrays():  # shard shapes by arithmetic: `shard.data` would add aliasing arrays
+            shard = int(np.prod(arr.sharding.shard_shape(arr.shape))) * arr.dtype.itemsize
+            for dev in arr.sharding.device_set:
+                per[dev] = per.get(dev, 0) + shard
+        peaks.append(max(per.values(), default=0))
+
+    put, ready = jax.device_put, jax.block_until_ready
+
+    def put_then_sample(*a, **k):
+        out = put(*a, **k)
+        ready(out)
+        sample()
+        return out
+
+    def ready_then_sample(x):
+        out = ready(x)
+        sample()
+        return out
+
+    jax.device_put, jax.block_until_ready = put_then_sample, ready_then_sample
+    try:
+        engine = Engine(model, max_batch=4, max_context=256, mesh=step_mod.make_mesh(devices), num_pages=64,
+                        page_size=16, step_token_buckets=(16,), decode_rows=(4,), attention="pallas",
+                        warmup=False, start=False)
+        sample()
+    finally:
+        jax.device_put, jax.block_until_ready = put, ready
+    weights = sum(x.nbytes for x in jax.tree.leaves(params))
+    pools = jax.tree.leaves(engine.runner.state.pools)
+    pool = sum(x.nbytes for x in pools)
+    largest_stacked = max(x.nbytes for x in jax.tree.leaves(params["layers"]))
+    whole = [x.shape for x in pools if x.sharding.shard_shape(x.shape) == x.shape]
+    stacked_alive = [a.shape for a in jax.live_arrays() if a.ndim and a.shape[0] == cfg.num_layers
+                     and a.shape[1:] in {p.shape[1:] for p in jax.tree.leaves(params["layers"])}]
+    engine.shutdown()
+    return {"peaks": peaks, "weights": weights, "pool": pool, "largest_stacked": largest_stacked,
+            "pools_whole_on_a_device": [list(s) for s in whole], "stacked_alive": [list(s) for s in stacked_alive],
+            "backend": repr(engine.runner.backend) if engine.runner else "", "pool_dtype": str(jnp.float32)}
+
+
 def main(dest: str) -> None:
     result = {name: run_case(argv) for name, argv in CASES.items()}
     t0 = time.perf_counter()
     result["shard_map"] = {**shard_map_matches_one_device(), "seconds": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    result["memory"] = {**memory_on_four_devices(), "seconds": time.perf_counter() - t0}
     Path(dest).write_text(json.dumps(result))
 
 

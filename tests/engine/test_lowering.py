@@ -134,3 +134,15 @@ def test_tpu_bytes_pads_the_minor_tiles():
     fit = slice_plan.fit_pages(hbm_bytes=16 << 30, weights=17 << 30, state=0, temporaries=0, page_bytes=1 << 20,
                                fixed=0, page_size=256, max_batch=1, max_context=4096, devices=1, chip="v5e")
     assert not fit.fits and "GiB over" in fit.message and "--devices 2" in fit.message
+
+
+def test_no_device_holds_more_than_its_share_during_start_up_and_the_weights_once(cases):
+    """4 devices, the kernel's path: params placed sharded, the per-layer buffers replacing the stacked ones one
+    tensor at a time, the pool created in place: each device's bytes at every point of start-up stay within a
+    quarter of the weights, of the largest stacked tensor and of the pool (plus the small replicated state)."""
+    mem = cases["memory"]
+    assert "shards=4" in mem["backend"]
+    bound = (mem["weights"] + mem["largest_stacked"] + mem["pool"]) // 4 + (256 << 10)
+    assert len(mem["peaks"]) > 5 and max(mem["peaks"]) <= bound, (mem["peaks"], bound)
+    assert mem["peaks"][-1] >= (mem["weights"] + mem["pool"]) // 4  # the measurement sees the shards
+    assert mem["pools_whole_on_a_device"] == [] and mem["stacked_alive"] == []
