@@ -35,6 +35,7 @@ class Chip:
     tuned_name: str  # the key of `tuned_block_sizes.TUNED_BLOCK_SIZES`
     mosaic_version: str  # `tpu_info.ChipVersion` member name
     cores_per_device: int
+    smem_bytes: int = 1 << 20  # scalar memory per TensorCore (the kernel's page tables live there)
 
 
 CHIPS: dict[str, Chip] = {

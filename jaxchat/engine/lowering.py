@@ -74,6 +74,7 @@ class SliceReport:
     fit: slice_plan.PoolFit
     bytes: dict[str, int]  # per chip: weights, state, kv_pool, temporaries
     vmem_bytes: int
+    smem_bytes: int = 0
     rows: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)  # (program, "lowered"|error, s)
     total_programs: int = 0
 
@@ -97,7 +98,8 @@ class SliceReport:
                      + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per slice")
         lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
                      f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
-                     f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB)")
+                     f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
+                     f"{self.smem_bytes / 1024:.0f} KiB of {self.chip.smem_bytes >> 10} KiB")
         if not self.fit.fits:
             lines.append(f"DOES NOT FIT: {self.fit.message}")
         return "\n".join(lines)
@@ -107,7 +109,7 @@ class SliceReport:
                 "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
                 "per_chip_bytes": sum(self.bytes.values()), "bytes": self.bytes, "hbm_bytes": self.chip.hbm_bytes,
                 "fits": self.fit.fits, "vmem_bytes": self.vmem_bytes,
-                "vmem_limit_bytes": self.chip.vmem_limit_bytes, "attention": self.attention,
+                "vmem_limit_bytes": self.chip.vmem_limit_bytes, "smem_bytes": self.smem_bytes, "attention": self.attention,
                 "page_size": self.page_size, "kv_pages": self.kv_pages,
                 "lower_seconds": round(sum(s for _, _, s in self.rows), 2),
                 **({"message": self.fit.message} if not self.fit.fits else {})}
@@ -156,9 +158,17 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
                                page_bytes=per_page, fixed=max(one - int(per_page * 2 * devices), 0),
                                page_size=page, max_batch=max_batch, max_context=max_context, devices=devices,
                                chip=chip.name, kv_cache_gib=kv_cache_gib)
+    pages_per_row = -(-max_context // page)
+    smem = slice_plan.kernel_smem(max_batch, pages_per_row)
+    if chosen == "pallas" and fit.fits and smem > slice_plan.SMEM_SHARE * chip.smem_bytes:
+        fit = dataclasses.replace(fit, fits=False, message=(
+            f"the attention kernel's page tables ({max_batch} rows x {pages_per_row} pages) take {smem >> 10} KiB"
+            f" of SMEM, over {slice_plan.SMEM_SHARE:.0%} of the chip's {chip.smem_bytes >> 10} KiB: use a larger "
+            f"--page-size, a shorter --max-context or fewer rows (--max-batch)"))
     pool_chip = chip_bytes_of(pools(fit.pages)) if fit.pages > 0 else 0
     report = SliceReport(chip, devices, chosen, why, page, fit.pages, fit,
-                         {"weights": weights, "state": state, "kv_pool": pool_chip, "temporaries": temps}, 0)
+                         {"weights": weights, "state": state, "kv_pool": pool_chip, "temporaries": temps}, 0,
+                         smem_bytes=smem if chosen == "pallas" else 0)
     if not fit.fits:
         return report
     runner = StepRunner(step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab,

@@ -7,7 +7,7 @@ Contract:
   * `kv_cache_gib` given: that many GiB of pages (all of it: pages beyond what the running rows need keep
     cached prefixes);
   * otherwise on TPU/GPU `KV_MEMORY_FRACTION` of the memory a device has left after the weights (per
-    device: the pool shards its kv heads over the mesh when they divide), on CPU `CPU_KV_GIB` GiB or a quarter
+    device: the pool is split over the mesh, on its kv heads when they divide, else on its pages), on CPU `CPU_KV_GIB` GiB or a quarter
     of the machine's memory, whichever is less; either way no more than `max_batch` rows of `max_context`
     tokens need;
   * plus the padding page; at least one row of `max_context` must fit, or `ValueError` says what to change.
@@ -61,8 +61,7 @@ def num_pages(model: Any, mesh: Any, page_size: int, max_batch: int, max_context
         pages = min(wanted, int(min(CPU_KV_GIB * (1 << 30), _physical_memory() / 4) // per_page))
     else:
         free = _device_free_bytes(mesh)
-        kv_heads = {kv for kv, _ in model.kv_dims()}
-        shards = mesh.devices.size if kv_heads and all(k % mesh.devices.size == 0 for k in kv_heads) else 1
+        shards = mesh.devices.size  # every device holds 1/n of the pool: its kv heads, else its pages (`step`)
         pages = wanted if free is None else min(wanted, int(free * KV_MEMORY_FRACTION * shards // per_page))
     if pages < per_row:
         raise ValueError(f"a KV pool of {pages} pages of {page_size} tokens ({per_page} bytes each) cannot hold one "

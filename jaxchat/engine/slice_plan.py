@@ -10,6 +10,9 @@ Contract:
 - `step_temporaries(config, tokens, rows, shards)`: an estimate of the largest step's temporaries on one chip
   (the activations of `tokens` tokens through one layer, f32, the MLP and heads split over `shards`, and the
   f32 logits of `rows` rows, three times for the sampler's work): XLA's own memory analysis needs the chip.
+- `kernel_smem(rows, pages_per_row)`: the SMEM bytes of the attention kernel's scalar inputs (the page tables,
+  lengths and row offsets of a step of `rows` rows, int32); `SMEM_SHARE` of the chip's SMEM is the most a plan
+  gives them.
 - `fit_pages(...)` -> `PoolFit`: how many pages a chip's HBM holds after weights, state and temporaries
   (`HEADROOM` of HBM kept back for the runtime), capped at `max_batch` rows of `max_context`; `fits` False when
   not even one row of `max_context` fits, with `message` saying by how much and what would fit (more chips, a
@@ -26,6 +29,7 @@ import jax
 import numpy as np
 
 HEADROOM = 0.03  # of HBM, for the runtime and the compiler's own buffers beyond the estimate
+SMEM_SHARE = 0.5  # of SMEM, for the kernel's page tables
 
 
 def tpu_bytes(shape: tuple[int, ...], dtype: Any) -> int:
@@ -54,6 +58,10 @@ def step_temporaries(config: Any, tokens: int, rows: int, shards: int) -> int:
     heads = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     per_token = 6 * config.hidden_size + (3 * inter + 2 * heads) // max(shards, 1)
     return 4 * tokens * per_token + 3 * 4 * rows * config.vocab_size
+
+
+def kernel_smem(rows: int, pages_per_row: int) -> int:
+    return 4 * (rows * (pages_per_row + 2) + 1 + 3)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,6 +134,9 @@ def test_tpu_bytes_pads_the_minor_tiles():
     fit = slice_plan.fit_pages(hbm_bytes=16 << 30, weights=17 << 30, state=0, temporaries=0, page_bytes=1 << 20,
                                fixed=0, page_size=256, max_batch=1, max_context=4096, devices=1, chip="v5e")
     assert not fit.fits and "GiB over" in fit.message and "--devices 2" in fit.message
+    # 512 rows of 128k tokens in pages of 256: the kernel's page tables would fill the chip's SMEM
+    assert slice_plan.kernel_smem(512, 512) > slice_plan.SMEM_SHARE * chips.chip("v5p").smem_bytes
+    assert slice_plan.kernel_smem(64, 128) < 64 << 10
 
 
 def test_no_device_holds_more_than_its_share_during_start_up_and_the_weights_once(cases):
