@@ -7,9 +7,9 @@ Contract:
   programs (`step.StepRunner`), precompiles them (`warmup=True`, a log line "Warm-up: N programs ...") and
   starts the host loop thread; after that no request compiles. `max_batch` is the number of requests that
   run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
-- The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`), as many pages as
-  `kv_cache_gib` GiB hold; by default, on TPU/GPU `KV_MEMORY_FRACTION` of the device memory left after the
-  weights, on CPU at most `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no
+- The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
+  as many pages as `kv_cache_gib` GiB per device hold; by default, on TPU/GPU `KV_MEMORY_FRACTION` of the
+  device memory left after the weights, on CPU at most `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no
   more than `max_batch` rows of `max_context` tokens need. The start-up log says how many tokens it holds.
 - Steps: every step runs at most `max_step_tokens` tokens (512 on CPU, 2048 elsewhere; buckets of 16, 64,
   256, ... up to it, or exactly `step_token_buckets`) over at most `max_batch` rows (`scheduler`): decoding
