@@ -146,12 +146,17 @@ def verify_buckets(max_step_tokens: int, platform: str) -> tuple[int, ...]:
     return tuple(sorted({min(size, max_step_tokens) for size in sizes}))
 
 
+INTERPRETER_ON_A_MESH = ("off TPU the kernel runs under Pallas' TPU interpreter, which hangs over several devices "
+                         "when a program calls it more than once (jax 0.10.2)")
+
+
 def attention_choice(name: str, config: Any, platform: str, shards: int = 1, dtype: Any = "bfloat16"
                      ) -> tuple[str, str | None]:
     """("pallas" or "xla", why not the kernel) for backend `name` ("auto", "xla", "pallas") on `platform` with the
     heads split over `shards` devices: "auto" is JAX's Pallas TPU kernel on TPU when it can run the model's
     attention there (`attention_tpu.unsupported`), else the jnp path; "pallas" falls back to the jnp path only
-    where the kv heads do not divide the devices (the kernel runs per device under shard_map). Raises ValueError
+    where the kv heads do not divide the devices (the kernel runs per device under shard_map) and off TPU over
+    several devices (`INTERPRETER_ON_A_MESH`). Raises ValueError
     for an unknown name or a model the kernel cannot run at all."""
     from jaxchat.engine import attention_tpu
 
@@ -160,6 +165,8 @@ def attention_choice(name: str, config: Any, platform: str, shards: int = 1, dty
     if name == "xla":
         return "xla", None
     why = attention_tpu.unsupported(config, dtype, shards)
+    if why is None and platform != "tpu" and shards > 1:
+        why = INTERPRETER_ON_A_MESH
     if name == "auto":
         return ("pallas", None) if platform == "tpu" and why is None else ("xla", why)
     if why is not None and attention_tpu.unsupported(config, dtype, 1) is not None:

@@ -84,6 +84,7 @@ def memory_on_four_devices() -> dict:
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxchat.engine import engine as engine_mod
     from jaxchat.engine import step as step_mod
     from jaxchat.engine.engine import Engine
     from jaxchat.models import LoadedModel, ModelConfig
@@ -122,6 +123,9 @@ def memory_on_four_devices() -> dict:
         return out
 
     jax.device_put, jax.block_until_ready = put_then_sample, ready_then_sample
+    # off TPU over several devices the engine takes the jnp path (the interpreter hangs there); no step runs
+    # here, so the kernel's path is built as on a TPU slice
+    choice, engine_mod.attention_choice = engine_mod.attention_choice, lambda *a, **k: ("pallas", None)
     try:
         engine = Engine(model, max_batch=4, max_context=256, mesh=step_mod.make_mesh(devices), num_pages=64,
                         page_size=16, step_token_buckets=(16,), decode_rows=(4,), attention="pallas",
@@ -129,6 +133,7 @@ def memory_on_four_devices() -> dict:
         sample()
     finally:
         jax.device_put, jax.block_until_ready = put, ready
+        engine_mod.attention_choice = choice
     weights = sum(x.nbytes for x in jax.tree.leaves(params))
     pools = jax.tree.leaves(engine.runner.state.pools)
     pool = sum(x.nbytes for x in pools)

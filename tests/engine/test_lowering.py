@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxchat.engine import attention_tpu, chips, slice_plan
-from jaxchat.engine.engine import attention_choice
+from jaxchat.engine.engine import INTERPRETER_ON_A_MESH, attention_choice
 from jaxchat.models import ModelConfig
 
 HERE = Path(__file__).resolve().parent
@@ -114,6 +114,8 @@ def test_attention_choice_falls_back_where_heads_do_not_divide():
     chosen, why = attention_choice("pallas", cfg, "tpu", 4)
     assert chosen == "xla" and "do not divide over 4" in why
     assert attention_choice("auto", cfg, "cpu", 1)[0] == "xla"
+    assert attention_choice("pallas", cfg, "cpu", 1)[0] == "pallas"  # under the interpreter
+    assert attention_choice("pallas", cfg, "cpu", 2) == ("xla", INTERPRETER_ON_A_MESH)
 
 
 def test_blocks_fit_half_the_vmem_limit_and_pages_follow_the_kernels_guidance():
