@@ -151,3 +151,13 @@ def test_no_device_holds_more_than_its_share_during_start_up_and_the_weights_onc
     assert len(mem["peaks"]) > 5 and max(mem["peaks"]) <= bound, (mem["peaks"], bound)
     assert mem["peaks"][-1] >= (mem["weights"] + mem["pool"]) // 4  # the measurement sees the shards
     assert mem["pools_whole_on_a_device"] == [] and mem["stacked_alive"] == []
+
+
+def test_the_setup_scripts_kernel_check_passes_under_the_interpreter():
+    import jax
+
+    from jaxchat.engine.kernel_check import TOLERANCE, kernel_error
+    from jaxchat.engine.pallas_interpret import interpret_ragged_kernel
+
+    with interpret_ragged_kernel():
+        assert kernel_error(jax.devices()[0]) < TOLERANCE
