@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up jaxchat on a Cloud TPU VM: a Python virtual environment, jax[tpu], the package, the offline
-# assets, then a smoke check that prints jax.devices() and fails unless they are TPUs.
+# assets, then a smoke check that prints jax.devices() and fails unless they are TPUs (on TPU it also runs the
+# Pallas attention kernel once on every chip).
 # Idempotent: run it again and it reuses the environment, pip finds everything installed and the
 # asset fetcher downloads nothing. See docs/tpu.md.
 set -euo pipefail
@@ -265,6 +266,18 @@ if total != want:
     print(f"a sharded sum over the mesh gave {total}, expected {want}", file=sys.stderr)
     sys.exit(1)
 print(f"sharded computation over all {n} device(s): ok")
+if expect == "tpu":  # the Pallas attention kernel the engine serves with, compiled and run on every chip
+    try:
+        from jaxchat.engine.kernel_check import TOLERANCE, kernel_error
+
+        errors = [kernel_error(d) for d in local]
+    except Exception as exc:  # noqa: BLE001 - reported with the reason
+        print(f"the Pallas attention kernel failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
+    if max(errors) > TOLERANCE:
+        print(f"the Pallas attention kernel disagrees with JAX's reference: errors {errors}", file=sys.stderr)
+        sys.exit(1)
+    print(f"Pallas attention kernel on all {len(local)} local chip(s): ok (largest error {max(errors):.4f})")
 PYEOF
 }
 

@@ -5,7 +5,8 @@ parameters (Qwen2.5-1.5B's shape), in bfloat16 on an accelerator (float32 on CPU
 serves (paged pool, ragged step, overlapped loop, the attention backend `auto` picks):
 - decode tokens/s at batch 1, 16 and 64 (the steady rate while every row decodes, `bench/decode.py`'s measure)
   and, at batch 1, the fraction of the memory-bandwidth bound (tokens/s over bandwidth / weight bytes a step
-  reads; the bandwidth from a table of device kinds, or measured with a copy on CPU);
+  reads; the bandwidth from a table of device kinds, times the chips of the mesh (each reads its share of the
+  weights), or measured with a copy on CPU);
 - TTFT of a 512-token prompt at batch 1 (median of 3, each a new prompt);
 - the default model's step time at 16 rows with a JSON schema on every row against unconstrained rows.
 Prints one table per model and a last line `device check: ok`. `--smoke` is a reduced run for CI on CPU: SmolLM2
@@ -96,6 +97,9 @@ def check(name: str, model, args, batches: list[int], constrained_rows: int, max
     engine = Engine(model, max_batch=max(batches), max_context=max_context, **engine_options)
     ready = time.perf_counter() - t0
     bw, source = bandwidth(jax.devices()[0])
+    chips = engine.mesh.devices.size
+    if engine.mesh.devices.flat[0].platform != "cpu" and chips > 1:  # each chip reads its share of the weights
+        bw, source = bw * chips, f"{source}, x {chips} chips"
     per_step = weight_bytes_per_step(model)
     params = sum(x.size for x in jax.tree.leaves(model.params))
     print(f"\n== {name}: {params / 1e9:.2f}B parameters, {model.dtype}, attention {engine.runner.backend.name}, "

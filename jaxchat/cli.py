@@ -1,4 +1,4 @@
-"""The `jaxchat` command: `serve`, `chat`, `convert`, `bench`; the one place that wires packages together.
+"""The `jaxchat` command: `serve`, `chat`, `convert`, `bench`, `lower`; the one place that wires packages together.
 
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
@@ -11,6 +11,9 @@ sized by memory (`--kv-cache-gib`, else a default per platform), shared between 
 `--burst-window-ms` (30) before running them together; `jaxchat chat` is a terminal chat against a model or
 a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint.
+`jaxchat lower --model CONFIG --chip v5e|v6e|v5p|v7x --devices N ...` plans that TPU slice from the model's
+config and lowers every program for it on fake CPU devices (`engine.lowering`); its last line is one JSON
+object; exit 0 only when every program lowered and the plan fits.
 Multi-host: `jaxchat serve --coordinator HOST:PORT --num-processes N --process-id I` (or no such flag on a
 TPU pod slice) is run once per process with the same other flags; they join one JAX runtime
 (`engine.cluster`), each loads its shards onto one global mesh, process 0 serves HTTP and drives every step
@@ -56,10 +59,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="run every prompt whole (default: full KV pages an earlier request left with the same "
                             "tokens from the start are shared, e.g. a system prompt, an agent's previous turn)")
     serve.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB",
-                       help="memory of the KV page pool (default: on TPU/GPU 85%% of what the weights leave, on CPU at "
+                       help="memory of the KV page pool on each device (default: on TPU/GPU 85%% of what the weights leave, on CPU at "
                             "most 4 GiB; either way no more than --max-batch requests of --max-context need)")
     serve.add_argument("--page-size", type=int, default=None, metavar="N",
-                       help="tokens per KV page (default 16 on CPU and GPU, 64 on TPU)")
+                       help="tokens per KV page (default 16 on CPU and GPU; on TPU the Pallas kernel's guidance for "
+                            "--max-context, 128 to 256)")
     serve.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
                        help="the most tokens one step runs over all its requests; longer prompts run in chunks "
                             "(default 512 on CPU, 2048 on TPU/GPU)")
@@ -102,6 +106,22 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--dtype", choices=DTYPES, default="auto")
     convert.add_argument("--quantize", choices=QUANTIZE, default=None, help="store int8 weights and their scales")
     sub.add_parser("bench", help="list the benchmark scripts under bench/")
+    lower = sub.add_parser("lower", help="plan a TPU slice from a model's config and lower every program for it "
+                                         "(on fake CPU devices, no TPU, no weights)")
+    lower.add_argument("--model", required=True, help="an HF directory or its config.json")
+    lower.add_argument("--chip", required=True, choices=("v5e", "v6e", "v5p", "v7x"))
+    lower.add_argument("--devices", type=int, required=True, help="chips of the slice")
+    lower.add_argument("--max-batch", type=int, default=8)
+    lower.add_argument("--max-context", type=int, default=4096)
+    lower.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
+    lower.add_argument("--page-size", type=int, default=None, metavar="N",
+                       help="tokens per KV page (default: the Pallas kernel's guidance for --max-context, 128-256)")
+    lower.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    lower.add_argument("--max-step-tokens", type=int, default=None, metavar="N")
+    lower.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB", help="KV pool per chip")
+    lower.add_argument("--speculative", choices=("off", "ngram"), default="off")
+    lower.add_argument("--programs", choices=("all", "largest"), default="all",
+                       help="largest: one program of each kind (the most tokens and rows), for a quick check")
     return parser
 
 
@@ -255,6 +275,17 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lower(args: argparse.Namespace, argv: list[str]) -> int:
+    """`jaxchat lower`: needs `--devices` CPU devices; re-runs itself with XLA_FLAGS when JAX is up with fewer."""
+    from jaxchat.engine import lowering
+
+    if not lowering.ensure_devices(args.devices):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu",
+               "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"}
+        os.execve(sys.executable, [sys.executable, "-m", "jaxchat", *argv], env)
+    return lowering.run(args)
+
+
 def _chat(args: argparse.Namespace) -> int:
     from jaxchat.chat_tui import run_chat
 
@@ -264,7 +295,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _positive(args, "max_batch", "max_context", "port", "kv_cache_gib", "page_size", "max_step_tokens")
+    _positive(args, "max_batch", "max_context", "port", "kv_cache_gib", "page_size", "max_step_tokens", "devices")
     if (getattr(args, "burst_window_ms", None) or 0) < 0:
         raise SystemExit("jaxchat: error: --burst-window-ms must be 0 (off) or positive")
     if args.command == "serve":
@@ -273,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         return _convert(args)
     if args.command == "chat":
         return _chat(args)
+    if args.command == "lower":
+        return _lower(args, sys.argv[1:] if argv is None else argv)
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
     print("benchmarks (run with python bench/NAME.py):", *sorted(os.listdir(here)) if os.path.isdir(here) else [], sep="\n  ")
     return 0

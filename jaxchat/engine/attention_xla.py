@@ -246,6 +246,7 @@ class XlaAttention:
     long_block: int = 128
     long_from: int = 64
     name: str = "xla"
+    pool_head_axis: int = 1  # the kv-head axis of a per-layer pool (a stacked one: + 1)
     trip_counts: tuple[int, ...] | None = None  # analysis only: unrolled iterations per pass
 
     def new_pool(self, num_pages: int, page_size: int, kv_heads: int, head_dim: int, dtype: Any,

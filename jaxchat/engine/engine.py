@@ -7,9 +7,9 @@ Contract:
   programs (`step.StepRunner`), precompiles them (`warmup=True`, a log line "Warm-up: N programs ...") and
   starts the host loop thread; after that no request compiles. `max_batch` is the number of requests that
   run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
-- The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU, 64 on TPU), as many pages as
-  `kv_cache_gib` GiB hold; by default, on TPU/GPU `KV_MEMORY_FRACTION` of the device memory left after the
-  weights, on CPU at most `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no
+- The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
+  as many pages as `kv_cache_gib` GiB per device hold; by default, on TPU/GPU `KV_MEMORY_FRACTION` of the
+  device memory left after the weights, on CPU at most `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no
   more than `max_batch` rows of `max_context` tokens need. The start-up log says how many tokens it holds.
 - Steps: every step runs at most `max_step_tokens` tokens (512 on CPU, 2048 elsewhere; buckets of 16, 64,
   256, ... up to it, or exactly `step_token_buckets`) over at most `max_batch` rows (`scheduler`): decoding
@@ -31,7 +31,10 @@ Contract:
   still being read: the gather also waits while announced requests have not been submitted, within the
   window (`arrivals`).
 - `attention` ("auto", "xla", "pallas"; `attention_backend`): the jnp ragged attention everywhere, or JAX's
-  Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact).
+  Pallas TPU kernel ("auto" on TPU when it can run the model; off TPU under Pallas' interpreter: slow, exact),
+  under shard_map over the mesh (the jnp path where the kv heads do not divide the devices). On the kernel's
+  path the per-layer weight buffers replace the stacked ones (one copy: `model.params` becomes the per-layer
+  form, except on one CPU device, where the layers are views of the stacked arrays).
 - `speculative` ("off", "ngram", "auto": `default_speculative`, ngram on CPU only): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
   (`speculate`), verified in "verify" steps (8 tokens on CPU, 16 or 64 on accelerators; `verify_buckets`; a
   sampled token at every position) under the grammar's mask at
@@ -76,6 +79,7 @@ from jax.sharding import PartitionSpec as P
 from jaxchat.engine import pool_size
 from jaxchat.engine.arrivals import Arrival, Arrivals
 from jaxchat.engine.attention_xla import XlaAttention
+from jaxchat.engine.chips import chip_of_device
 from jaxchat.engine.compiles import Tally
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
@@ -92,8 +96,14 @@ BURST_GAP_S = 0.003
 BURST_WINDOW_S = 0.03
 
 
-def default_page_size(mesh: jax.sharding.Mesh) -> int:
-    return 64 if mesh_platform(mesh) == "tpu" else 16
+def default_page_size(mesh: jax.sharding.Mesh, max_context: int = 4096) -> int:
+    """16 tokens on CPU and GPU; on TPU the Pallas kernel's guidance for `max_context` (128 to 256 tokens,
+    `attention_tpu.page_size_for`)."""
+    if mesh_platform(mesh) != "tpu":
+        return 16
+    from jaxchat.engine.attention_tpu import page_size_for
+
+    return page_size_for(max_context)
 
 
 def default_step_tokens(mesh: jax.sharding.Mesh) -> int:
@@ -136,25 +146,51 @@ def verify_buckets(max_step_tokens: int, platform: str) -> tuple[int, ...]:
     return tuple(sorted({min(size, max_step_tokens) for size in sizes}))
 
 
-def attention_backend(name: str, config: Any, platform: str, page_size: int):
-    """The attention backend `name` ("auto", "xla", "pallas") asks for on `platform`: "auto" is JAX's Pallas TPU
-    kernel on TPU when it can run the model's attention (`attention_tpu.unsupported`), else the jnp path;
-    "pallas" off TPU runs the kernel under Pallas' TPU interpreter (slow, exact). Raises ValueError for an unknown
-    name or a model the kernel cannot run."""
+INTERPRETER_ON_A_MESH = ("off TPU the kernel runs under Pallas' TPU interpreter, which hangs over several devices "
+                         "when a program calls it more than once (jax 0.10.2)")
+
+
+def attention_choice(name: str, config: Any, platform: str, shards: int = 1, dtype: Any = "bfloat16"
+                     ) -> tuple[str, str | None]:
+    """("pallas" or "xla", why not the kernel) for backend `name` ("auto", "xla", "pallas") on `platform` with the
+    heads split over `shards` devices: "auto" is JAX's Pallas TPU kernel on TPU when it can run the model's
+    attention there (`attention_tpu.unsupported`), else the jnp path; "pallas" falls back to the jnp path only
+    where the kv heads do not divide the devices (the kernel runs per device under shard_map) and off TPU over
+    several devices (`INTERPRETER_ON_A_MESH`). Raises ValueError
+    for an unknown name or a model the kernel cannot run at all."""
     from jaxchat.engine import attention_tpu
 
     if name not in ATTENTION_CHOICES:
         raise ValueError(f"attention {name!r}: choose one of {', '.join(ATTENTION_CHOICES)}")
-    why = attention_tpu.unsupported(config)
-    if name == "auto":
-        name = "pallas" if platform == "tpu" and why is None else "xla"
     if name == "xla":
+        return "xla", None
+    why = attention_tpu.unsupported(config, dtype, shards)
+    if why is None and platform != "tpu" and shards > 1:
+        why = INTERPRETER_ON_A_MESH
+    if name == "auto":
+        return ("pallas", None) if platform == "tpu" and why is None else ("xla", why)
+    if why is not None and attention_tpu.unsupported(config, dtype, 1) is not None:
+        raise ValueError(f"--attention pallas cannot run this model: {why}; use --attention xla")
+    return ("xla", why) if why is not None else ("pallas", None)
+
+
+def attention_backend(name: str, config: Any, platform: str, page_size: int, mesh: jax.sharding.Mesh | None = None,
+                      chip: Any = None, dtype: Any = "bfloat16"):
+    """The attention backend `name` asks for on `platform` (`attention_choice`; over `mesh`'s devices), with its
+    step settings: the kernel (`attention_tpu.PallasAttention`, under shard_map on a mesh of several devices, its
+    blocks and VMEM limit for `chip`; off TPU under Pallas' TPU interpreter: slow, exact) or the jnp path."""
+    from jaxchat.engine import attention_tpu
+
+    shards = 1 if mesh is None else mesh.devices.size
+    chosen, why = attention_choice(name, config, platform, shards, dtype)
+    if chosen == "xla":
+        if name == "pallas":
+            log.warning("attention: the jnp path instead of the Pallas kernel: %s", why)
         # on CPU: decode items of 32 positions, an iteration's keys within 1 MiB (cache-sized)
         cpu = {"decode_kv_block": max(1, 32 // page_size), "iteration_bytes": 1 << 20} if platform == "cpu" else {}
         return XlaAttention(page_size, kv_block=max(1, 128 // page_size), **cpu)
-    if why is not None:
-        raise ValueError(f"--attention pallas cannot run this model: {why}; use --attention xla")
-    return attention_tpu.PallasAttention(page_size, interpret=platform != "tpu")
+    return attention_tpu.PallasAttention(page_size, interpret=platform != "tpu", mesh=mesh if shards > 1 else None,
+                                         chip=chip)
 
 
 class _Core:
@@ -271,10 +307,18 @@ class Engine:
             raise ValueError(f"speculative {speculative!r}: choose one of {', '.join(SPECULATIVE_CHOICES)}")
         if speculative == "auto":
             speculative = default_speculative(mesh_platform(self.mesh))
-        page = page_size or default_page_size(self.mesh)
-        backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page)
-        step_model = (model.step_model(params, mesh_platform(self.mesh), layout="unrolled")
-                      if backend.name == "pallas" else model.step_model(params, mesh_platform(self.mesh)))
+        page = page_size or default_page_size(self.mesh, max_context)
+        backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page, self.mesh,
+                                    chip_of_device(self.mesh.devices.flat[0]), model.dtype)
+        platform = mesh_platform(self.mesh)
+        # the kernel's per-layer buffers are copies (but on one CPU device: views): they take the stacked
+        # arrays' place, so the weights are held once
+        takes_over = backend.name == "pallas" and model.stacked and (platform != "cpu" or self.mesh.devices.size > 1)
+        step_model = (model.step_model(params, platform, layout="unrolled", consume=takes_over)
+                      if backend.name == "pallas" else model.step_model(params, platform))
+        if takes_over:
+            model.params = step_model.params
+        del params
         pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
         n_dev = self.mesh.devices.size
         if num_pages is None and n_dev > 1 and pages > n_dev:

@@ -4,10 +4,10 @@ Contract:
 - `kv_bytes_per_token(model)`: the pool bytes one token takes over every layer with a KV cache of its own
   (`model.kv_dims()`: keys and values, the model dtype); KV-shared and recurrent layers take none.
 - `num_pages(model, mesh, page_size, max_batch, max_context, kv_cache_gib=None)`:
-  * `kv_cache_gib` given: that many GiB of pages (all of it: pages beyond what the running rows need keep
-    cached prefixes);
+  * `kv_cache_gib` given: that many GiB of pages on each device (the pool is split over the mesh's devices;
+    all of it: pages beyond what the running rows need keep cached prefixes);
   * otherwise on TPU/GPU `KV_MEMORY_FRACTION` of the memory a device has left after the weights (per
-    device: the pool shards its kv heads over the mesh when they divide), on CPU `CPU_KV_GIB` GiB or a quarter
+    device: the pool is split over the mesh, on its kv heads when they divide, else on its pages), on CPU `CPU_KV_GIB` GiB or a quarter
     of the machine's memory, whichever is less; either way no more than `max_batch` rows of `max_context`
     tokens need;
   * plus the padding page; at least one row of `max_context` must fit, or `ValueError` says what to change.
@@ -56,13 +56,12 @@ def num_pages(model: Any, mesh: Any, page_size: int, max_batch: int, max_context
     if kv_cache_gib is not None:
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, not {kv_cache_gib}")
-        pages = int(kv_cache_gib * (1 << 30) // per_page)
+        pages = int(kv_cache_gib * (1 << 30) * mesh.devices.size // per_page)  # per device: each holds 1/n
     elif platform == {"cpu"}:
         pages = min(wanted, int(min(CPU_KV_GIB * (1 << 30), _physical_memory() / 4) // per_page))
     else:
         free = _device_free_bytes(mesh)
-        kv_heads = {kv for kv, _ in model.kv_dims()}
-        shards = mesh.devices.size if kv_heads and all(k % mesh.devices.size == 0 for k in kv_heads) else 1
+        shards = mesh.devices.size  # every device holds 1/n of the pool: its kv heads, else its pages (`step`)
         pages = wanted if free is None else min(wanted, int(free * KV_MEMORY_FRACTION * shards // per_page))
     if pages < per_row:
         raise ValueError(f"a KV pool of {pages} pages of {page_size} tokens ({per_page} bytes each) cannot hold one "

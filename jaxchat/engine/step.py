@@ -44,9 +44,12 @@ Contract:
   the next ones. Those runs write nothing (no slot, no page).
 - Sharding: params keep the shardings they arrive with (on a multi-process mesh, global arrays: every process
   runs the same programs, see `step_link`, and reads the replicated outputs locally); pool arrays are sharded
-  over the mesh axis "tp" on their kv-head (or state channel) axis when it divides, else a KV pool on its page
-  axis (more devices than kv heads: each device holds num_pages / devices pages; the engine makes the page
-  count divide); everything else is replicated.
+  over the mesh axis "tp" on their kv-head axis (where the backend's layout has it, `pool_head_axis`; a state's
+  channel axis) when it divides, else a KV pool on its page axis (more devices than kv heads: each device holds
+  num_pages / devices pages; the engine makes the page count divide); everything else is replicated. The
+  device state is created in place by one jitted program with those output shardings (never whole on one
+  device). `abstract_arrays=True`: params and state are `jax.ShapeDtypeStruct`s with those shardings and
+  nothing is allocated; `lower(key, platform)` lowers a program for another platform (`engine.lowering`).
 """
 
 from __future__ import annotations
@@ -200,23 +203,35 @@ def mesh_platform(mesh: Mesh) -> str:
     return platforms.pop() if len(platforms) == 1 else "mixed"
 
 
-def pool_shardings(pools: Any, mesh: Mesh, head_axis: int, num_pages: int) -> Any:
-    """The shardings of the pool arrays `pools` on the engine's 1-D 'tp' `mesh`: axis `head_axis` (kv heads, or
-    a state's channels) over 'tp' when it divides by the device count, else a KV pool's page axis (the one before,
-    `num_pages` long) when the pages divide, else replicated. `StepRunner` places its pools so, and model tests
-    (`tests/models/paged.py`) place theirs with it."""
+def pool_shardings(pools: Any, mesh: Mesh, head_axis: int, num_pages: int, kv_head_axis: int | None = None,
+                   page_axis: int | None = None) -> Any:
+    """The shardings of the pool arrays `pools` on the engine's 1-D 'tp' `mesh`. A KV pool array (its `page_axis`
+    `num_pages` long; default the axis before `head_axis`) on its kv-head axis (`kv_head_axis`, default
+    `head_axis`: the backend's layout says where) when it divides by the device count, else on its page axis when
+    the pages divide, else replicated; any other array (a recurrent state) on `head_axis` (its channels) when it
+    divides, else replicated. `StepRunner` places its pools so, and model tests (`tests/models/paged.py`) place
+    theirs with it."""
     n_dev = mesh.devices.size
+    kv_head_axis = head_axis if kv_head_axis is None else kv_head_axis
+    page_axis = head_axis - 1 if page_axis is None else page_axis
 
     def sharding(x) -> NamedSharding:
-        if x.ndim > head_axis and x.shape[head_axis] % n_dev == 0:
-            axis = head_axis  # kv heads (or state channels)
-        elif n_dev > 1 and x.ndim > head_axis and x.shape[head_axis - 1] == num_pages and num_pages % n_dev == 0:
-            axis = head_axis - 1  # more devices than kv heads: the pages
+        kv = x.ndim > max(page_axis, kv_head_axis) and x.shape[page_axis] == num_pages
+        heads = kv_head_axis if kv else head_axis
+        if x.ndim > heads and x.shape[heads] % n_dev == 0:
+            axis = heads  # kv heads (or state channels)
+        elif n_dev > 1 and kv and num_pages % n_dev == 0:
+            axis = page_axis  # more devices than kv heads: the pages
         else:
             return NamedSharding(mesh, P())
         return NamedSharding(mesh, P(*("tp" if a == axis else None for a in range(x.ndim))))
 
     return jax.tree.map(sharding, pools)
+
+
+def abstract(tree: Any, shardings: Any) -> Any:
+    """`tree`'s arrays as `jax.ShapeDtypeStruct`s with `shardings` (for lowering without allocating)."""
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
 
 
 def rows_of(key: tuple) -> int:
@@ -286,7 +301,7 @@ class StepRunner:
     def __init__(self, model: StepModel, *, max_batch: int, max_context: int, vocab_size: int, valid_vocab: int,
                  mesh: Mesh, backend: Any, num_pages: int, token_buckets: Sequence[int],
                  decode_rows: Sequence[int], ragged_rows: Sequence[int], verify_buckets: Sequence[int] = (),
-                 executables: ExecutableStore | None = None) -> None:
+                 executables: ExecutableStore | None = None, abstract_arrays: bool = False) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         self.mask_words = mask_words(vocab_size)
         self.max_batch, self.max_context = max_batch, max_context
@@ -304,14 +319,24 @@ class StepRunner:
         params = model.params
         if model.vocab_major_head is not None and max(self.decode_rows + self.ragged_rows) > 1:
             params = {**params, HEAD_VD: model.vocab_major_head(params, mesh)}
-        pools = model.new_pools(backend, num_pages, self.page_size, max_batch)
-        head_axis = 2 if model.layout == "stacked" else 1  # kv heads (or state channels) of every pool array
-        state_sh = DeviceState(pool_shardings(pools, mesh, head_axis, num_pages), rep, rep, rep)
-        param_sh = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else rep, params)
-        self.params = jax.device_put(params, param_sh)
-        b, v = max_batch, vocab_size
-        self.state = jax.device_put(DeviceState(pools, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_),
-                                                jnp.zeros((b,), jnp.int32)), state_sh)
+        b, v, stacked = max_batch, vocab_size, model.layout == "stacked"
+
+        def zero_state() -> DeviceState:
+            pools = model.new_pools(backend, num_pages, self.page_size, max_batch)
+            return DeviceState(pools, jnp.zeros((b, v), jnp.int32), jnp.zeros((b, v), jnp.bool_),
+                               jnp.zeros((b,), jnp.int32))
+
+        shapes = jax.eval_shape(zero_state)
+        head_axis = 2 if stacked else 1  # state channels of a recurrent state array (kv heads of an xla pool)
+        kv_head_axis = getattr(backend, "pool_head_axis", 1) + stacked
+        state_sh = DeviceState(pool_shardings(shapes.pools, mesh, head_axis, num_pages, kv_head_axis,
+                                              page_axis=int(stacked)), rep, rep, rep)
+        param_sh = jax.tree.map(lambda x: getattr(x, "sharding", None) or rep, params)
+        if abstract_arrays:  # lowering only: nothing is allocated
+            self.params, self.state = abstract(params, param_sh), abstract(shapes, state_sh)
+        else:  # the pool is created in place, each device its own shard
+            self.params = jax.device_put(params, param_sh)
+            self.state = jax.jit(zero_state, out_shardings=state_sh)()
         self._rep = rep
         forward = functools.partial(model.forward, backend=backend)
         self.compiler_options = step_compiler_options(model.params)
@@ -511,6 +536,11 @@ class StepRunner:
         logits = jax.ShapeDtypeStruct((key[1], self.vocab_size), jnp.float32)
         ints, floats = pack_sample(self.pack_sample(key, []))
         return self.state, logits, ints, floats, np.full((key[1], self.mask_words), -1, np.int32)
+
+    def lower(self, key: tuple, platform: str | None = None):
+        """Program `key` lowered for exactly the arguments a call passes, for `platform` (None: the mesh's own)."""
+        traced = self._programs[key].trace(*self._example(key))
+        return traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
 
     def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True) -> None:
         """Compile every program ahead of time (lowered for exactly the arguments `run` passes, then jit reuses

@@ -101,26 +101,27 @@ class LoadedModel:
         if not self.stacked:  # a listed family: its per-layer params and pools are its only layout
             module = nnx.merge(self.graphdef, {**params, "layers": dict(enumerate(params["layers"]))})
             return module(*args, head_vd=head_vd)
-        if layout == "unrolled":  # per-layer params (`unstack_layers`): a Python loop over the layers
+        if layout == "unrolled" or isinstance(params["layers"], tuple):  # per-layer params: a loop over layers
             layers = params["layers"]
             module = nnx.merge(self.graphdef, {**params, "layers": layers[0]})  # layer 0 gives the structure
             return module(*args, layer_states=tuple(layers), head_vd=head_vd)
         module = nnx.merge(self.graphdef, params)
         return module(*args, head_vd=head_vd)
 
-    def step_model(self, params, platform: str, layout: Layout | None = None) -> StepModel:
+    def step_model(self, params, platform: str, layout: Layout | None = None, consume: bool = False) -> StepModel:
         """How the engine's step runner runs this model, with `params` (placed), on devices of `platform`.
 
         On "cpu" the layout is "unrolled": per-layer weight and pool buffers avoid XLA:CPU copying each
         layer's weights and pages out of the stacked arrays on every step, and a vocab-major head copy
         speeds up batched logits (`docs/benchmarks.md` has the numbers). Elsewhere the stacked layers are
         scanned; `layout` "unrolled" asks for per-layer buffers there too (an attention kernel that takes one
-        layer's pool as a buffer of its own). The forward is `self.forward` with the layout bound (so a wrapper
+        layer's pool as a buffer of its own); `consume`: the stacked arrays of `params` are deleted as their
+        layers are copied (`unstack_layers`). The forward is `self.forward` with the layout bound (so a wrapper
         installed on `model.forward` sees every step)."""
         cpu = platform == "cpu"
         layout = layout or ("unrolled" if cpu or not self.stacked else "stacked")
         if layout == "unrolled" and self.stacked:
-            params = unstack_layers(params)
+            params = unstack_layers(params, consume)
         return StepModel(layout=layout, params=params, forward=functools.partial(self.forward, layout=layout),
                          new_pools=functools.partial(self.new_pools, layout=layout),
                          vocab_major_head=self.vocab_major_head if cpu else None, prefix_reuse=self.positional_cache)
@@ -205,11 +206,14 @@ def new_pools(config: ModelConfig, backend, num_pages: int, page_size: int, num_
     return tuple(entry(d) for d in dims)
 
 
-def unstack_layers(params: dict) -> dict:
+def unstack_layers(params: dict, consume: bool = False) -> dict:
     """`params` with `params["layers"]` split into a tuple of per-layer dicts, each layer its own buffers.
 
     On a single CPU device the layers are zero-copy views of the stacked buffers (no extra memory);
-    otherwise (sharded, accelerators) they are copies that keep the stacked arrays' shardings.
+    otherwise (sharded, accelerators) they are copies that keep the stacked arrays' shardings. Abstract params
+    (`jax.ShapeDtypeStruct`s, for lowering) give abstract layers with those shardings. `consume`: each copied
+    stacked array is deleted once its layers exist (one copy of the weights, and at most one stacked tensor
+    more at any moment); the caller must not use `params` again.
     """
     import jax
     import numpy as np
@@ -219,12 +223,21 @@ def unstack_layers(params: dict) -> dict:
     n = leaves[0].shape[0]
 
     def split(x):
+        if isinstance(x, jax.ShapeDtypeStruct):  # abstract (lowering): the layer's shape, its sharding less axis 0
+            sh = x.sharding
+            if isinstance(sh, jax.sharding.NamedSharding):
+                sh = jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(*tuple(sh.spec)[1:]))
+            return [jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=sh)] * n
         devs = x.sharding.device_set if isinstance(x, jax.Array) else set()
         if len(devs) == 1 and next(iter(devs)).platform == "cpu":
             view = np.asarray(x)  # shares the buffer; device_put of an aligned view is zero-copy on CPU
             dev = jax.sharding.SingleDeviceSharding(next(iter(devs)))
             return [jax.device_put(view[i], dev) for i in range(n)]
-        return [x[i] for i in range(n)]
+        layers = [x[i] for i in range(n)]
+        if consume and isinstance(x, jax.Array):  # the stacked buffer goes as soon as its layers exist
+            jax.block_until_ready(layers)
+            x.delete()
+        return layers
 
     per_leaf = [split(x) for x in leaves]
     layers = tuple(jax.tree.unflatten(tree, [p[i] for p in per_leaf]) for i in range(n))
