@@ -34,6 +34,7 @@ from jaxchat.api.limits import Limits
 from jaxchat.api.messages import parse_messages
 from jaxchat.chat import ConstraintRequest, chat_constraint_request_from_openai
 from jaxchat.chat.errors import RequestError, expect_bool, expect_int, expect_number, expect_object, got, is_int
+from jaxchat.chat.structured import OutputConstraint, read_output_constraint
 
 __all__ = ["ChatRequest", "CompletionRequest", "Sampling", "parse_chat_request", "parse_completion_request"]
 
@@ -81,6 +82,7 @@ class CompletionRequest:
     include_usage: bool = False
     echo: bool = False
     logprobs: int | None = None
+    output: OutputConstraint | None = None  # a structured-output field or a JSON response_format
 
 
 def _body(raw: object) -> dict:
@@ -161,11 +163,21 @@ def _model(body: dict) -> str | None:
 
 def _check_schemas(request: ConstraintRequest) -> None:
     """Every JSON schema of the request is a valid JSON schema (a 400 naming it otherwise)."""
-    import jsonschema  # not needed to import the package
-
     schemas = [(f"tools[{i}].function.parameters", t["function"]["parameters"]) for i, t in enumerate(request.tools)]
     if request.response_format == "json_schema" and request.json_schema is not None:
         schemas.append(("response_format.json_schema.schema", request.json_schema))
+    _check_output_schema(request.output)
+    _check_json_schemas(schemas)
+
+
+def _check_output_schema(output: OutputConstraint | None) -> None:
+    if output is not None and output.schema is not None:
+        _check_json_schemas([(output.param, output.schema)])
+
+
+def _check_json_schemas(schemas: list[tuple[str, dict]]) -> None:
+    import jsonschema  # not needed to import the package
+
     for param, schema in schemas:
         try:
             jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
@@ -225,4 +237,20 @@ def parse_completion_request(raw: object, limits: Limits | None = None,
     sampling = _sampling(body, limits, max_context, None, COMPLETION_MAX_TOKENS)
     echo = expect_bool(body.get("echo"), "echo", False)
     logprobs = expect_int(body.get("logprobs"), "logprobs", 0, limits.max_completion_logprobs)
-    return CompletionRequest(prompt, sampling, model, n, stream, include_usage, echo, logprobs)
+    output = _completion_output(body, limits)
+    return CompletionRequest(prompt, sampling, model, n, stream, include_usage, echo, logprobs, output)
+
+
+def _completion_output(body: dict, limits: Limits) -> OutputConstraint | None:
+    """A completion's output constraint: a structured-output field, or a JSON `response_format` (as vLLM reads
+    it on completions); both set is a 400 naming both."""
+    output = read_output_constraint(body, limits.max_schema_depth)
+    fmt = chat_constraint_request_from_openai({"response_format": body.get("response_format")},
+                                              max_schema_depth=limits.max_schema_depth)
+    if fmt.response_format != "text":
+        if output is not None:
+            raise RequestError(output.param, f"response_format and {output.param} both constrain the output; "
+                               "send at most one of them")
+        output = OutputConstraint("json", "response_format", schema=fmt.json_schema or {"type": "object"})
+    _check_output_schema(output)
+    return output

@@ -2,7 +2,7 @@
 
 Contract: `chat_structural_tag(spec, request, tools_enabled=True)` returns a JSON-able dict in
 xgrammar's structural-tag format (`{"type": "structural_tag", "format": {...}}`), or None when
-nothing needs constraining (no callable tools and a "text" response_format). The same
+nothing needs constraining (no callable tools, a "text" response_format and no structured-output field). The same
 `ChatFormatSpec` drives `jaxchat.chat.chat_parse`, so every text the tag accepts parses into what
 the request asked for. Layout:
 
@@ -15,7 +15,8 @@ the request asked for. Layout:
                                          text triggers the rest of its call)
                   tool_choice required:  at least one call, nothing before it
                   named function:        exactly one call of that function
-                  none / no tools:       the content (JSON of the schema under json_schema)
+                  none / no tools:       the content (JSON of the schema under json_schema; the regex,
+                                         choice, grammar or JSON of `request.output`: `output.py`)
                   parallel_tool_calls false: nothing after the first call
 
 Per-tool tags follow xgrammar's builtin styles (hermes_json = `qwen_3`, qwen_xml = `qwen_3_coder`,
@@ -47,6 +48,7 @@ import xgrammar as xgr
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on, native_call_opening
 from jaxchat.constrain.objects import any_order_arguments
+from jaxchat.constrain.output import output_format
 from jaxchat.constrain.pyargs import python_calls_grammar
 from jaxchat.constrain.tags_envelopes import ENVELOPE_WS, EnvelopeTools, add_envelopes
 from jaxchat.constrain.tags_json_calls import KINDS as JSON_CALL_KINDS
@@ -248,6 +250,9 @@ def envelope_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools) -> E
 
 def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
     excl = content_markers(spec, request)
+    if request.output is not None:  # a regex, choice, grammar or JSON schema from the structured-output fields
+        fmt = output_format(request.output)
+        return fmt if fmt is not None else _json(spec, request.output.schema, excludes=excl)
     if request.response_format == "json_schema" and isinstance(request.json_schema, dict):
         fmt = _json(spec, request.json_schema, excludes=excl)
         compact = _compact_json_grammar(json.dumps(fmt, ensure_ascii=False)) if (

@@ -1,0 +1,51 @@
+"""The structural-tag format of an `OutputConstraint` (regex, choice, grammar) and xgrammar's errors as messages.
+
+Contract: `output_format(output)` returns the xgrammar structural-tag format that admits exactly the texts
+`output` allows: `{"type": "regex", "pattern"}` for a regex, `{"type": "grammar", "grammar"}` for an EBNF
+(GBNF) grammar and for a choice (an alternation of the strings as EBNF string literals, `choice_grammar`),
+None for a JSON schema (the caller builds JSON as for `response_format`). `compiler_message(exc)` is
+xgrammar's error text without its timestamp and source-file prefix, the message a 400 carries.
+"""
+
+from __future__ import annotations
+
+import re
+
+from jaxchat.chat.structured import OutputConstraint
+
+__all__ = ["choice_grammar", "compiler_message", "output_format"]
+
+_XGR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+?:\d+: ")
+
+
+def _literal(text: str) -> str:
+    """`text` as an EBNF string literal: quotes, backslashes and control characters escaped."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def choice_grammar(choices) -> str:
+    """An EBNF grammar whose language is exactly `choices`."""
+    return "root ::= " + " | ".join(_literal(c) for c in choices)
+
+
+def output_format(output: OutputConstraint) -> dict | None:
+    if output.kind == "regex":
+        return {"type": "regex", "pattern": output.text}
+    if output.kind == "grammar":
+        return {"type": "grammar", "grammar": output.text}
+    if output.kind == "choice":
+        return {"type": "grammar", "grammar": choice_grammar(output.choices)}
+    return None
+
+
+def compiler_message(exc: BaseException) -> str:
+    """xgrammar's message for `exc`, without its log prefix."""
+    return _XGR_PREFIX.sub("", str(exc).strip())

@@ -1,0 +1,174 @@
+"""Structured output through the real pipeline: regex, choice, EBNF grammar and JSON schema fields (vLLM's, SGLang's,
+llama.cpp's) on Chat Completions and Completions, streamed == not streamed, with and without speculative decoding;
+the bad ones are 400s with an OpenAI error body naming the field, and the server stays healthy.
+
+A tiny random Qwen2 with the real Qwen2.5 tokenizer (`tests.tiny_model`), on the engine shapes of
+`test_stream_agreement` (one decode and one prefill program, loaded from the run's compilation cache). The model
+writes gibberish, so every check is of the grammar: the text `re.fullmatch`es the regex, is one of the choices,
+is accepted to its end by xgrammar's own matcher for the EBNF, parses as JSON of the schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from jaxchat.api import parse_chat_request, parse_completion_request
+from tests.tiny_model import tiny_chat_model
+
+PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
+CHOICES = ["yes", "no", "maybe not", 'say "hi"']
+EBNF = 'root ::= pet ", " pet ("." | "!")\npet ::= "cat" | "dog" | [0-9]{1,3} " fish"'
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}},
+          "required": ["city", "days"], "additionalProperties": False}
+
+# field family -> (body fields, check of the text)
+CASES = {
+    "vllm_regex": ({"structured_outputs": {"regex": PHONE}}, "regex"),
+    "vllm_choice": ({"structured_outputs": {"choice": CHOICES}}, "choice"),
+    "vllm_grammar": ({"structured_outputs": {"grammar": EBNF}}, "grammar"),
+    "vllm_json": ({"structured_outputs": {"json": SCHEMA}}, "json"),
+    "guided_regex": ({"guided_regex": PHONE}, "regex"),
+    "guided_choice": ({"guided_choice": CHOICES}, "choice"),
+    "sglang_ebnf": ({"ebnf": EBNF}, "grammar"),
+    "sglang_json_schema": ({"json_schema": json.dumps(SCHEMA)}, "json"),
+    "llamacpp_grammar": ({"grammar": EBNF}, "grammar"),
+    "llamacpp_json_schema": ({"json_schema": SCHEMA}, "json"),
+}
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    from jaxchat.api import build_chat_service
+
+    shapes = {"max_batch": 8, "max_context": 512, "decode_rows": (8,), "step_token_buckets": (256,)}
+    qwen25 = tiny_chat_model(tmp_path_factory.mktemp("qwen25"))
+    made = {"plain": build_chat_service(qwen25, **shapes),
+            "speculative": build_chat_service(qwen25, speculative="ngram", **shapes)}
+    yield made
+    for service in made.values():
+        service.engine.shutdown()
+
+
+def _ebnf_accepts(service, text: str) -> bool:
+    import xgrammar as xgr
+
+    compiler = service.grammar.compiler
+    matcher = xgr.GrammarMatcher(compiler.compile_grammar(EBNF), terminate_without_stop_token=True)
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+def _check(service, kind: str, text: str) -> None:
+    if kind == "regex":
+        assert re.fullmatch(PHONE, text), text
+    elif kind == "choice":
+        assert text in CHOICES, text
+    elif kind == "grammar":
+        assert _ebnf_accepts(service, text), text
+    else:
+        value = json.loads(text)
+        assert value["city"] in ("Paris", "Rome") and isinstance(value["days"], int) and set(value) == {"city", "days"}
+
+
+def _chat(service, body: dict) -> tuple[str, str]:
+    """(text not streamed, text streamed)."""
+    async def run():
+        plain = await service.chat_completion(parse_chat_request(body))
+        chunks = [c async for c in service.chat_completion_stream(parse_chat_request({**body, "stream": True}))]
+        streamed = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+        assert plain["choices"][0]["finish_reason"] == "stop"
+        return plain["choices"][0]["message"]["content"], streamed
+
+    return asyncio.run(run())
+
+
+def _completion(service, body: dict) -> tuple[str, str]:
+    async def run():
+        plain = await service.completion(parse_completion_request(body))
+        chunks = [c async for c in service.completion_stream(parse_completion_request({**body, "stream": True}))]
+        assert plain["choices"][0]["finish_reason"] == "stop"
+        return plain["choices"][0]["text"], "".join(ch["text"] for c in chunks for ch in c["choices"])
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_chat_output_follows_the_field(services, case):
+    """Every field family constrains a chat reply; streamed == not streamed; speculative decoding gives the same."""
+    fields, kind = CASES[case]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Answer."}], "max_tokens": 60,
+            "temperature": 0, **fields}
+    plain, streamed = _chat(services["plain"], body)
+    _check(services["plain"], kind, plain)
+    assert streamed == plain
+    if case.startswith("vllm_"):  # one spelling per kind is enough for the drafts
+        assert _chat(services["speculative"], body) == (plain, plain)
+
+
+@pytest.mark.parametrize("fields,kind", [
+    ({"guided_regex": PHONE}, "regex"),
+    ({"structured_outputs": {"choice": CHOICES}}, "choice"),
+    ({"grammar": EBNF}, "grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}}, "json"),
+])
+def test_completion_output_follows_the_field(services, fields, kind):
+    body = {"model": "tiny", "prompt": "The answer is", "max_tokens": 60, "temperature": 0, **fields}
+    plain, streamed = _completion(services["plain"], body)
+    _check(services["plain"], kind, plain)
+    assert streamed == plain
+    assert _completion(services["speculative"], body) == (plain, plain)
+
+
+def test_sampled_choices_are_choices(services):
+    """At temperature 1 with n=4 every choice is still one of the strings (the mask, not luck)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Pick."}], "temperature": 1.0, "seed": 7,
+            "n": 4, "guided_choice": CHOICES}
+    reply = asyncio.run(services["plain"].chat_completion(parse_chat_request(body)))
+    assert [c["message"]["content"] in CHOICES for c in reply["choices"]] == [True] * 4
+
+
+BAD = {
+    "unbalanced regex": ({"guided_regex": "(ab"}, "guided_regex", "parenthesis"),
+    "ebnf syntax": ({"ebnf": 'root ::= "a'}, "ebnf", "EBNF"),
+    "gbnf bad class": ({"grammar": "root ::= [z-a]"}, "grammar", "lower bound"),
+    "no root rule": ({"structured_outputs": {"grammar": 'start ::= "a"'}}, "structured_outputs.grammar", "root"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_grammars_are_400s_and_the_server_stays_healthy(services, case):
+    from starlette.testclient import TestClient
+
+    from jaxchat.server import create_app
+
+    fields, param, words = BAD[case]
+    with TestClient(create_app(services["plain"])) as client:
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                           ("/v1/completions", {"prompt": "x"})):
+            r = client.post(path, json={"max_tokens": 4, **body, **fields})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == param and error["type"] == "invalid_request_error"
+            assert words.lower() in error["message"].lower(), error["message"]
+            r = client.post(path, json={"max_tokens": 4, **body, "guided_regex": "[0-9]{2}"})
+            assert r.status_code == 200, r.text
+
+
+def test_a_pathological_grammar_hits_the_time_limit(services):
+    """A compile past the limit is a 400 naming the field (at once the second time), not a hang."""
+    from jaxchat.chat import RequestError
+
+    service = services["plain"]
+    grammar = service.grammar
+    limit, grammar.compile_timeout_s = grammar.compile_timeout_s, 0.01
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 4, "guided_regex": "[a-z]{1,5000}[0-9]{1,5000}"}
+    try:
+        for _ in range(2):
+            with pytest.raises(RequestError) as err:
+                asyncio.run(service.completion(parse_completion_request(body)))
+            assert err.value.param == "guided_regex" and "time limit" in err.value.message, err.value.message
+    finally:
+        grammar.compile_timeout_s = limit
