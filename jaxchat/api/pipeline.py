@@ -194,8 +194,14 @@ class ChatPipeline:
 
     def sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
         """The engine's parameters: `max_tokens` within the room the prompt leaves; the format's turn-end
-        markers join the request's stop tokens unless `ignore_eos` asks for an exact length."""
+        markers join the request's stop tokens unless `ignore_eos` asks for an exact length; a `logit_bias` id
+        outside the vocabulary is a 400."""
         room = self.max_context - prompt_len
+        vocab = self.grammar.vocab_size if self.grammar is not None else len(self.tokenizer)
+        for token, _ in s.logit_bias:
+            if token >= vocab:
+                raise RequestError(f"logit_bias.{token}", f"token id {token} is not in the model's vocabulary "
+                                   f"(ids 0..{vocab - 1})")
         stops = s.stop_token_ids if s.ignore_eos else tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids))
         return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
                                  "stop_token_ids": stops})

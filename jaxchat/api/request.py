@@ -17,7 +17,8 @@ What is checked besides: `model` (a string), `stream` and `stream_options.includ
 positive and within the context (`max_completion_tokens` wins), `temperature` 0..2, `top_p` (0, 1],
 `top_k` >= -1, `min_p` 0..1, `presence_penalty` and `frequency_penalty` -2..2, `repetition_penalty`
 > 0, `seed` a 64-bit integer, `stop` a string or at most `limits.max_stop` non-empty strings,
-`ignore_eos` a boolean, `stop_token_ids` non-negative integers; for chat `logprobs` a boolean and
+`ignore_eos` a boolean, `stop_token_ids` non-negative integers, `logit_bias` at most `LOGIT_BIAS_SLOTS`
+token-id strings mapped to -100..100 (whether an id is in the vocabulary is the pipeline's check); for chat `logprobs` a boolean and
 `top_logprobs` 0..`limits.max_top_logprobs` with `logprobs: true`; for completions `prompt` a
 string or a list of token ids (or a one-item list of either), `echo` a boolean, `logprobs`
 0..`limits.max_completion_logprobs`.
@@ -35,6 +36,7 @@ from jaxchat.api.messages import parse_messages
 from jaxchat.chat import ConstraintRequest, chat_constraint_request_from_openai
 from jaxchat.chat.errors import RequestError, expect_bool, expect_int, expect_number, expect_object, got, is_int
 from jaxchat.chat.structured import OutputConstraint, read_output_constraint
+from jaxchat.engine.types import LOGIT_BIAS_SLOTS
 
 __all__ = ["ChatRequest", "CompletionRequest", "Sampling", "parse_chat_request", "parse_completion_request"]
 
@@ -59,6 +61,7 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; k = the chosen token's logprob plus the top k
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value); -100 reads as -inf (a ban)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,27 @@ def _sampling(body: dict, limits: Limits, max_context: int | None, logprobs: int
         stop_token_ids=_token_ids(body["stop_token_ids"], "stop_token_ids") if "stop_token_ids" in body else (),
         ignore_eos=expect_bool(body.get("ignore_eos"), "ignore_eos", False),
         logprobs=logprobs,
+        logit_bias=_logit_bias(body.get("logit_bias")),
     )
+
+
+def _logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
+    """`logit_bias` {token id string: -100..100} as (id, value) pairs in id order; -100 becomes -inf, so that it
+    bans the token whatever its logit (OpenAI: "-100 should result in a ban"); zeros are dropped."""
+    if raw is None:
+        return ()
+    expect_object(raw, "logit_bias", "an object mapping token ids (as strings) to numbers from -100 to 100")
+    out = {}
+    for key, value in raw.items():
+        param = f"logit_bias.{key}"
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise RequestError(param, f"expected a token id (a non-negative integer as a string), got {key!r}")
+        value = expect_number(value, param, -100.0, 100.0)
+        if value:
+            out[int(key)] = float("-inf") if value == -100 else float(value)
+    if len(out) > LOGIT_BIAS_SLOTS:
+        raise RequestError("logit_bias", f"at most {LOGIT_BIAS_SLOTS} non-zero entries are supported, got {len(out)}")
+    return tuple(sorted(out.items()))
 
 
 def _model(body: dict) -> str | None:

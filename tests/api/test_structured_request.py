@@ -117,3 +117,13 @@ def test_choice_grammar_escapes_literals():
     for choice in choices:
         matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar), terminate_without_stop_token=True)
         assert matcher.accept_string(choice) and matcher.is_terminated(), choice
+
+
+def test_logit_bias_is_read_and_bounded():
+    request = parse_chat_request({"messages": MSGS, "logit_bias": {"7": -100, "3": 2.5, "9": 0}})
+    assert request.sampling.logit_bias == ((3, 2.5), (7, float("-inf")))
+    for bias, param in (({"7": 101}, "logit_bias.7"), ({"x": 1}, "logit_bias.x"), ({"-1": 1}, "logit_bias.-1"),
+                        ({"5": "1"}, "logit_bias.5"), ([1], "logit_bias"),
+                        ({str(i): 1 for i in range(33)}, "logit_bias")):
+        err = _error(parse_completion_request, {"prompt": "x", "logit_bias": bias})
+        assert err.param == param, err.message

@@ -172,3 +172,41 @@ def test_a_pathological_grammar_hits_the_time_limit(services):
             assert err.value.param == "guided_regex" and "time limit" in err.value.message, err.value.message
     finally:
         grammar.compile_timeout_s = limit
+
+
+def _tokens(service, body: dict) -> list[int]:
+    async def run():
+        return (await service.generate(parse_completion_request(body))).token_ids
+
+    return asyncio.run(run())
+
+
+def test_logit_bias_bans_and_favours_tokens(services):
+    """-100 bans the token greedy decoding would have chosen; +100 makes another one the choice at every step; the
+    same with speculative decoding; the bias works beside a grammar's mask."""
+    body = {"model": "tiny", "prompt": "The weather in Paris is", "max_tokens": 4, "temperature": 0}
+    plain = _tokens(services["plain"], body)
+    banned = {**body, "logit_bias": {str(plain[0]): -100}}
+    for name in ("plain", "speculative"):
+        assert _tokens(services[name], banned)[0] != plain[0]
+    favoured = 9707 if plain[0] != 9707 else 1234
+    for name in ("plain", "speculative"):
+        assert _tokens(services[name], {**body, "logit_bias": {str(favoured): 100}}) == [favoured] * 4
+    # beside a grammar's mask: favouring the first token of the choice greedy did not take makes it the output
+    service = services["plain"]
+    choice_body = {**body, "max_tokens": 10, "guided_choice": ["Sunny", "Rain"]}
+    first = asyncio.run(service.generate(parse_completion_request(choice_body)))
+    want = "Rain" if first.text == "Sunny" else "Sunny"
+    head = service.tokenizer.encode(want, add_special_tokens=False)[0]
+    other = asyncio.run(service.generate(parse_completion_request({**choice_body, "logit_bias": {str(head): 100}})))
+    assert first.text in ("Sunny", "Rain") and other.text == want
+
+
+def test_logit_bias_out_of_the_vocabulary_is_a_400(services):
+    from starlette.testclient import TestClient
+
+    from jaxchat.server import create_app
+
+    with TestClient(create_app(services["plain"])) as client:
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "logit_bias": {"999999": 5}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias.999999", r.text
