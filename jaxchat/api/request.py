@@ -7,7 +7,8 @@ Contract
 modify `body`, and they raise `jaxchat.chat.RequestError(param, message)` whose `param` names the
 offending field the way the OpenAI API spells it (`messages[2].role`, `stream_options.include_usage`,
 `stop[1]`, `tools[0].function.parameters`). A field set to null reads as absent; unknown fields are
-ignored. Every bound comes from `limits` (`jaxchat.api.Limits`); `max_context` (the model's) bounds
+ignored, except the decoding fields of `jaxchat.api.fields.FIELDS`: each is honoured or a 400 naming it
+(`check_fields`; llama.cpp's `repeat_penalty` and `n_predict` read as `repetition_penalty` and `max_tokens`). Every bound comes from `limits` (`jaxchat.api.Limits`); `max_context` (the model's) bounds
 `max_tokens`. The chat body's constraint fields (tools, tool_choice, response_format, thinking) are
 read by `jaxchat.chat.chat_constraint_request_from_openai`, called exactly once per request, and
 every JSON schema in them must be a valid JSON schema.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxchat.api.fields import check_fields
 from jaxchat.api.limits import Limits
 from jaxchat.api.messages import parse_messages
 from jaxchat.chat import ConstraintRequest, chat_constraint_request_from_openai
@@ -137,7 +139,14 @@ def _sampling(body: dict, limits: Limits, max_context: int | None, logprobs: int
               default_max_tokens: int | None) -> Sampling:
     cap = max_context or limits.max_tokens_cap
     context = f" (the model's context is {max_context} tokens)" if max_context else ""
+    predict = expect_int(_aliased(body, "max_tokens", "n_predict"), "n_predict", -1, cap, what=context)
+    if predict == 0:
+        raise RequestError("n_predict", "n_predict must be -1 (up to the context) or positive, got 0")
+    rep = "repeat_penalty" if _aliased(body, "repetition_penalty", "repeat_penalty") is not None else \
+        "repetition_penalty"
     max_tokens = expect_int(body.get("max_tokens"), "max_tokens", 1, cap, what=context)
+    if max_tokens is None and predict is not None and predict > 0:
+        max_tokens = predict
     max_tokens = expect_int(body.get("max_completion_tokens"), "max_completion_tokens", 1, cap, max_tokens, context)
     return Sampling(
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
@@ -147,8 +156,7 @@ def _sampling(body: dict, limits: Limits, max_context: int | None, logprobs: int
         min_p=expect_number(body.get("min_p"), "min_p", 0.0, 1.0, 0.0),
         presence_penalty=expect_number(body.get("presence_penalty"), "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=expect_number(body.get("frequency_penalty"), "frequency_penalty", -2.0, 2.0, 0.0),
-        repetition_penalty=expect_number(body.get("repetition_penalty"), "repetition_penalty", 0.0, None, 1.0,
-                                         lo_open=True),
+        repetition_penalty=expect_number(body.get(rep), rep, 0.0, None, 1.0, lo_open=True),
         seed=expect_int(body.get("seed"), "seed", *_SEED_RANGE),
         stop=_stop(body.get("stop"), limits),
         stop_token_ids=_token_ids(body["stop_token_ids"], "stop_token_ids") if "stop_token_ids" in body else (),
@@ -175,6 +183,13 @@ def _logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
     if len(out) > LOGIT_BIAS_SLOTS:
         raise RequestError("logit_bias", f"at most {LOGIT_BIAS_SLOTS} non-zero entries are supported, got {len(out)}")
     return tuple(sorted(out.items()))
+
+
+def _aliased(body: dict, name: str, alias: str) -> object:
+    """`body[alias]` (llama.cpp's spelling of `name`), None when absent; both set is a 400 naming both."""
+    if alias in body and name in body:
+        raise RequestError(alias, f"{name} and {alias} are the same setting; send one of them")
+    return body.get(alias)
 
 
 def _model(body: dict) -> str | None:
@@ -211,6 +226,7 @@ def _check_json_schemas(schemas: list[tuple[str, dict]]) -> None:
 def parse_chat_request(raw: object, limits: Limits | None = None, max_context: int | None = None) -> ChatRequest:
     limits = limits or Limits()
     body = _body(raw)
+    check_fields(body, chat=True)
     model = _model(body)
     messages = parse_messages(body.get("messages"), limits)
     stream, include_usage = _stream(body)
@@ -251,6 +267,7 @@ def parse_completion_request(raw: object, limits: Limits | None = None,
                              max_context: int | None = None) -> CompletionRequest:
     limits = limits or Limits()
     body = _body(raw)
+    check_fields(body, chat=False)
     model = _model(body)
     prompt = _prompt(body.get("prompt"), limits)
     if body.get("suffix"):

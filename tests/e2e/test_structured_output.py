@@ -210,3 +210,31 @@ def test_logit_bias_out_of_the_vocabulary_is_a_400(services):
     with TestClient(create_app(services["plain"])) as client:
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "logit_bias": {"999999": 5}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias.999999", r.text
+
+
+def test_honoured_sampling_fields_change_the_output_as_documented(services):
+    """The honoured sampling fields of docs/api.md's table, each against greedy decoding of the same prompt."""
+    service = services["plain"]
+    body = {"model": "tiny", "prompt": "Say the words wind rain snow sun cloud, wind rain", "max_tokens": 16,
+            "temperature": 0, "ignore_eos": True}
+
+    def gen(**extra):
+        return asyncio.run(service.generate(parse_completion_request({**body, **extra})))
+
+    greedy = gen()
+    assert len(greedy.token_ids) == 16  # ignore_eos: exactly max_tokens
+    assert gen(max_tokens=3).token_ids == greedy.token_ids[:3]
+    assert gen(n_predict=3, max_tokens=None).token_ids == greedy.token_ids[:3]  # llama.cpp's alias
+    assert gen(ignore_eos=False, stop_token_ids=[greedy.token_ids[2]]).token_ids[-1] == greedy.token_ids[2]
+    cut = gen(stop=[greedy.text[4:8]])
+    assert greedy.text.startswith(cut.text) and len(cut.text) < len(greedy.text)
+    for narrowing in ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-6}):  # leave only the most likely token
+        assert gen(temperature=1.5, seed=1, **narrowing).token_ids == greedy.token_ids, narrowing
+    drawn = gen(temperature=1.5, seed=1)
+    assert drawn.token_ids == gen(temperature=1.5, seed=1).token_ids != greedy.token_ids  # seed: reproducible
+    assert gen(temperature=1.5, seed=2).token_ids != drawn.token_ids
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 3.0},
+                    {"repeat_penalty": 3.0}):
+        assert gen(**penalty).token_ids != greedy.token_ids, penalty
+    reply = asyncio.run(service.completion(parse_completion_request({**body, "n": 3, "temperature": 1.5, "seed": 4})))
+    assert len({c["text"] for c in reply["choices"]}) == 3
