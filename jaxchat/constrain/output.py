@@ -13,12 +13,12 @@ import re
 
 from jaxchat.chat.structured import OutputConstraint
 
-__all__ = ["choice_grammar", "compiler_message", "output_format"]
+__all__ = ["choice_grammar", "compiler_message", "literal", "output_format"]
 
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+?:\d+: ")
 
 
-def _literal(text: str) -> str:
+def literal(text: str) -> str:
     """`text` as an EBNF string literal: quotes, backslashes and control characters escaped."""
     out = []
     for ch in text:
@@ -33,7 +33,7 @@ def _literal(text: str) -> str:
 
 def choice_grammar(choices) -> str:
     """An EBNF grammar whose language is exactly `choices`."""
-    return "root ::= " + " | ".join(_literal(c) for c in choices)
+    return "root ::= " + " | ".join(literal(c) for c in choices)
 
 
 def output_format(output: OutputConstraint) -> dict | None:
