@@ -165,6 +165,11 @@ class ChatPipeline:
             raise RequestError("messages", f"the model's chat template cannot render these messages: {exc}") from None
         prompt_ids = self.checked_prompt(self.encode(prompt, "messages", False), "messages")
         self.check_output(constraint.output)
+        if any(t.get("custom") for t in tools):
+            if self.grammar is None:
+                raise RequestError("tools", "this server runs without constrained decoding (--no-constrain), so "
+                                   "custom tools' grammars cannot be honoured")
+            self.grammar.check_custom_tools(tools)
         tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
         options = ChatParseOptions(parse_tool_calls=bool(tools) and constraint.tool_choice != "none",
                                    tools=tuple(tools),

@@ -34,6 +34,7 @@ import xgrammar as xgr
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
 from jaxchat.chat.structured import OutputConstraint
 from jaxchat.constrain.constraint import GrammarConstraint, TokenBanConstraint, token_ban_constraint
+from jaxchat.constrain.custom_tools import check_custom_tools, custom_arguments
 from jaxchat.constrain.output import compiler_message, output_format
 from jaxchat.constrain.tags import TEXT_MARKERS, chat_structural_tag, guarded_markers, text_markers
 
@@ -172,6 +173,19 @@ class GrammarEngine:
         matcher.fill_next_token_bitmask(mask)
         if not matcher.is_terminated() and not mask.any():
             raise RequestError(output.param, f"the {output.kind} matches no text at all")
+
+    def check_custom_tools(self, tools) -> None:
+        """A 400 naming the definition of the first custom tool whose grammar cannot be converted or compiled."""
+        check_custom_tools(tools)
+        for tool in tools:
+            grammar = custom_arguments(tool)
+            if grammar is not None:
+                try:
+                    self.compile({"type": "structural_tag", "format": grammar})
+                except RuntimeError as exc:
+                    i = tools.index(tool)
+                    raise RequestError(f"tools[{i}].custom.format.grammar.definition",
+                                       f"the grammar cannot be used: {exc}") from None
 
     def _stops_for(self, spec: ChatFormatSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(xgrammar stop ids for this format, stop ids the grammar matches as text)."""

@@ -27,7 +27,9 @@ are composed by `jaxchat.constrain.tags_json_calls` around the arguments built h
 required one present, no other one (`jaxchat.constrain.objects.any_order_arguments` for the styles,
 pyargs for LFM2): exact up to `any_order.MAX_ANY_ORDER` properties, any order within groups of that
 many above, the declared order where the schema allows extra properties or constrains which key sets
-are valid; nested objects and the response_format's JSON keep the declared order. JSON arguments and
+are valid; nested objects and the response_format's JSON keep the declared order. A custom tool with a Lark
+or regex grammar has the arguments `{"input": "..."}` with its grammar inside the string
+(`jaxchat.constrain.custom_tools`), in the JSON argument styles only (a RequestError in the others). JSON arguments and
 content are bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then
 allows 6 fraction digits), whitespace runs to `MAX_WS` characters. A strict json_schema response_format
 with no callable tools is written compact instead (keys in the declared order, no whitespace between
@@ -47,6 +49,7 @@ import re
 import xgrammar as xgr
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on, native_call_opening
+from jaxchat.constrain.custom_tools import custom_arguments
 from jaxchat.constrain.objects import any_order_arguments
 from jaxchat.constrain.output import output_format
 from jaxchat.constrain.pyargs import python_calls_grammar
@@ -180,6 +183,17 @@ def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...], ma
     return any_order_arguments(_json(None, json.loads(params_json), style, markers, max_ws))
 
 
+def _tool_arguments(spec: ChatFormatSpec, tool: dict, style: str = "json", max_ws: int = MAX_WS) -> dict:
+    """A tool's arguments (`_arguments`); a custom tool with a grammar: `{"input": ...}` of its grammar
+    (`custom_tools`), which only the JSON argument styles carry."""
+    custom = custom_arguments(tool)
+    if custom is None:
+        return _arguments(spec, _params(tool), style, max_ws)
+    if style != "json" or spec.kind == "lfm2":
+        raise RequestError("tools", f"custom tools with a grammar are not supported in the {spec.kind} chat format")
+    return custom
+
+
 def _params(tool: dict) -> dict:
     params = tool["function"].get("parameters")
     return params if isinstance(params, dict) else {"type": "object", "properties": {}}
@@ -188,20 +202,19 @@ def _params(tool: dict) -> dict:
 def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     """The tag(s) of one tool call in the builtin style of the format (several spellings for harmony)."""
     name = tool["function"]["name"]
-    params = _params(tool)
     ts, te = spec.tool_start, spec.tool_end
     if spec.kind in JSON_CALL_KINDS:
-        return call_tags(spec, name, _arguments(spec, params))
+        return call_tags(spec, name, _tool_arguments(spec, tool))
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
         begin = native_call_opening(spec, name)
-        return [_tag(begin, _arguments(spec, params), "}\n" + te)]
+        return [_tag(begin, _tool_arguments(spec, tool), "}\n" + te)]
     if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"; the newline before </function> is the content's
         # trailing whitespace, so a call without parameters may be `<function=NAME>\n</function>`
-        return [_tag(f"{ts}\n<function={name}>\n", _arguments(spec, params, "qwen_xml"), f"</function>\n{te}")]
+        return [_tag(f"{ts}\n<function={name}>\n", _tool_arguments(spec, tool, "qwen_xml"), f"</function>\n{te}")]
     if spec.kind == "gemma4":  # xgrammar "gemma_4"
-        return [_tag(f"{ts}call:{name}", _arguments(spec, params, "gemma"), te)]
+        return [_tag(f"{ts}call:{name}", _tool_arguments(spec, tool, "gemma"), te)]
     if spec.kind == "harmony":  # xgrammar "harmony", plus the spacing gpt-oss emits
-        content = _arguments(spec, params)
+        content = _tool_arguments(spec, tool)
         heads = (
             f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
             f"<|channel|>commentary to=functions.{name}<|constrain|>json<|message|>",
@@ -218,9 +231,11 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
     otherwise free text in which the tool opener triggers a call (and, with `envelopes`, the name
     keys of call envelopes trigger theirs)."""
     if spec.kind in JSON_CALL_KINDS:
-        arguments = [(t["function"]["name"], _arguments(spec, _params(t))) for t in tools]
+        arguments = [(t["function"]["name"], _tool_arguments(spec, t)) for t in tools]
         return calls_format(spec, arguments, at_least_one, single, excludes, envelopes)
     if spec.kind == "lfm2":
+        for t in tools:
+            _tool_arguments(spec, t)  # a custom tool with a grammar is a RequestError here
         grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
         tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]
     else:
@@ -244,7 +259,7 @@ def envelope_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools) -> E
     """The call envelopes of a request's free text (`tags_envelopes`), or None when it reads none."""
     if not call_envelopes_on(spec, request):
         return None
-    callable_ = tuple((t["function"]["name"], _arguments(spec, _params(t), max_ws=ENVELOPE_WS)) for t in tools)
+    callable_ = tuple((t["function"]["name"], _tool_arguments(spec, t, max_ws=ENVELOPE_WS)) for t in tools)
     return EnvelopeTools(callable_, request.tool_names)
 
 

@@ -238,3 +238,107 @@ def test_honoured_sampling_fields_change_the_output_as_documented(services):
         assert gen(**penalty).token_ids != greedy.token_ids, penalty
     reply = asyncio.run(service.completion(parse_completion_request({**body, "n": 3, "temperature": 1.5, "seed": 4})))
     assert len({c["text"] for c in reply["choices"]}) == 3
+
+
+# ---- OpenAI custom tools (Chat Completions) ----------------------------------------------------------------------
+CALL_REGEX = r"[a-z]{1,8}( [a-z]{1,8}){0,2}"
+CALL_LARK = r"""
+start: NAME "(" (ARG ("," ARG)?)? ")"
+NAME: /[a-z]{1,6}/
+ARG: /[0-9]{1,3}/
+"""
+
+
+def _custom(name: str, syntax: str | None = None, definition: str = "") -> dict:
+    fmt = {"type": "text"} if syntax is None else {"type": "grammar", "grammar": {"syntax": syntax,
+                                                                                 "definition": definition}}
+    return {"type": "custom", "custom": {"name": name, "description": "Run it.", "format": fmt}}
+
+
+CUSTOM_TOOLS = [_custom("words", "regex", CALL_REGEX), _custom("call", "lark", CALL_LARK), _custom("note")]
+FUNCTION = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+
+
+def _check_call(call: dict) -> None:
+    from lark import Lark
+
+    if call["type"] == "function":
+        assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Rome")
+        return
+    name, text = call["custom"]["name"], call["custom"]["input"]
+    if name == "words":
+        assert re.fullmatch(CALL_REGEX, text), text
+    elif name == "call":
+        Lark(CALL_LARK).parse(text)
+    else:
+        assert isinstance(text, str)
+
+
+def _calls_both(service, body: dict) -> list[dict]:
+    """The tool calls of the plain reply, checked equal to the streamed reply's."""
+    async def run():
+        plain = await service.chat_completion(parse_chat_request(body))
+        chunks = [c async for c in service.chat_completion_stream(parse_chat_request({**body, "stream": True}))]
+        return plain, chunks
+
+    plain, chunks = asyncio.run(run())
+    calls = plain["choices"][0]["message"].get("tool_calls") or []
+    streamed: dict[int, dict] = {}
+    for chunk in chunks:
+        for delta_call in (ch["delta"].get("tool_calls") or [] for ch in chunk["choices"]):
+            for part in delta_call:
+                if part.get("type") == "custom":
+                    streamed[part["index"]] = {"type": "custom", "custom": part["custom"]}
+                elif "id" in part:
+                    streamed[part["index"]] = {"type": "function", "function": dict(part["function"])}
+                else:
+                    streamed[part["index"]]["function"]["arguments"] += part["function"]["arguments"]
+    assert [streamed[i] for i in sorted(streamed)] == [{k: v for k, v in c.items() if k != "id"} for c in calls]
+    return calls
+
+
+@pytest.mark.parametrize("choice", ["words", "call", "note", "required", "allowed"])
+def test_custom_tool_calls_follow_their_grammar(services, choice):
+    """A custom tool's input matches its regex / parses with its Lark grammar, streamed == not streamed, under a
+    named custom choice, `required` and `allowed_tools` with function and custom tools mixed."""
+    tool_choice = {"required": "required", "allowed": {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "custom", "custom": {"name": "call"}},
+                                      {"type": "function", "function": {"name": "get_weather"}}]}}}.get(
+        choice, {"type": "custom", "custom": {"name": choice}})
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Use a tool."}], "max_tokens": 80,
+            "temperature": 0, "tools": [*TOOLS_FOR[choice], FUNCTION], "tool_choice": tool_choice,
+            "parallel_tool_calls": False}
+    calls = _calls_both(services["plain"], body)
+    assert len(calls) == 1, calls
+    _check_call(calls[0])
+    if choice in CUSTOM_TOOLS_NAMES:
+        assert calls[0]["type"] == "custom" and calls[0]["custom"]["name"] == choice
+
+
+CUSTOM_TOOLS_NAMES = ("words", "call", "note")
+TOOLS_FOR = {"words": CUSTOM_TOOLS[:1], "call": CUSTOM_TOOLS[1:2], "note": CUSTOM_TOOLS[2:], "required": CUSTOM_TOOLS[:1],
+             "allowed": CUSTOM_TOOLS[1:2]}  # a tiny context (512): two tools a request
+
+
+def test_custom_tools_through_the_openai_sdk(services):
+    import openai
+
+    from tests.server.conftest import Live
+
+    with Live(services["plain"]) as live:
+        client = openai.OpenAI(base_url=live.base_url + "/v1", api_key="x", max_retries=0)
+        ask = dict(model=services["plain"].model_id, messages=[{"role": "user", "content": "Use a tool."}],
+                   max_tokens=80, temperature=0, tools=CUSTOM_TOOLS[1:2], tool_choice={"type": "custom",
+                                                                                  "custom": {"name": "call"}})
+        reply = client.chat.completions.create(**ask)
+        call = reply.choices[0].message.tool_calls[0]
+        assert call.type == "custom" and call.custom.name == "call"
+        _check_call({"type": "custom", "custom": {"name": "call", "input": call.custom.input}})
+        streamed = [tc for chunk in client.chat.completions.create(**ask, stream=True)
+                    for ch in chunk.choices for tc in ch.delta.tool_calls or []]
+        assert [tc.model_extra["custom"]["input"] for tc in streamed] == [call.custom.input]
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(**{**ask, "tools": [_custom("call", "lark", "start: (")]})
+        assert err.value.body["param"] == "tools[0].custom.format.grammar.definition"
+        assert client.chat.completions.create(**ask).choices[0].finish_reason == "tool_calls"  # still healthy
