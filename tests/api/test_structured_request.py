@@ -127,3 +127,20 @@ def test_logit_bias_is_read_and_bounded():
                         ({str(i): 1 for i in range(33)}, "logit_bias")):
         err = _error(parse_completion_request, {"prompt": "x", "logit_bias": bias})
         assert err.param == param, err.message
+
+
+def test_custom_tools_and_their_calls_are_read():
+    tools = [{"type": "custom", "custom": {"name": "sql", "format": {"type": "grammar", "grammar": {
+        "syntax": "lark", "definition": 'start: "SELECT 1"'}}}}, {"type": "custom", "custom": {"name": "note"}}]
+    history = [{"role": "user", "content": "q"},
+               {"role": "assistant", "tool_calls": [{"id": "c1", "type": "custom",
+                                                     "custom": {"name": "sql", "input": 'SELECT "1"'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    request = parse_chat_request({"messages": history, "tools": tools,
+                                  "tool_choice": {"type": "custom", "custom": {"name": "sql"}}})
+    assert request.constraint.named_tool == "sql"
+    assert [t["custom"]["syntax"] for t in request.constraint.tools] == ["lark", "text"]
+    call = request.messages[1]["tool_calls"][0]
+    assert call == {"id": "c1", "type": "function", "function": {"name": "sql", "arguments": '{"input": "SELECT \\"1\\""}'}}
+    bad = [*history[:1], {"role": "assistant", "tool_calls": [{"type": "custom", "custom": {"name": "sql"}}]}]
+    assert _error(parse_chat_request, {"messages": bad}).param == "messages[1].tool_calls[0].custom.input"
