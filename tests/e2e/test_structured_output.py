@@ -342,3 +342,25 @@ def test_custom_tools_through_the_openai_sdk(services):
             client.chat.completions.create(**{**ask, "tools": [_custom("call", "lark", "start: (")]})
         assert err.value.body["param"] == "tools[0].custom.format.grammar.definition"
         assert client.chat.completions.create(**ask).choices[0].finish_reason == "tool_calls"  # still healthy
+
+        # the Responses API: custom tools in its flat shape, `custom_tool_call` output items, streamed and not
+        tool = {"type": "custom", "name": "call", "description": "Run it.",
+                "format": {"type": "grammar", "syntax": "lark", "definition": CALL_LARK}}
+        weather = {"type": "function", **FUNCTION["function"]}
+        rask = dict(model=services["plain"].model_id, input="Use a tool.", max_output_tokens=80, temperature=0,
+                    tools=[tool, weather], tool_choice={"type": "custom", "name": "call"})
+        response = client.responses.create(**rask)
+        item = response.output[-1]
+        assert item.type == "custom_tool_call" and item.name == "call" and item.input == call.custom.input
+        done = [e for e in client.responses.create(**rask, stream=True)
+                if e.type == "response.custom_tool_call_input.done"]
+        assert [e.input for e in done] == [item.input]
+        follow = client.responses.create(**{**rask, "tool_choice": "auto", "input": [
+            {"role": "user", "content": "Use a tool."},
+            {"type": "custom_tool_call", "call_id": item.call_id, "name": "call", "input": item.input},
+            {"type": "custom_tool_call_output", "call_id": item.call_id, "output": "42"}]})
+        assert follow.status in ("completed", "incomplete")
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(**{**rask, "tools": [{**tool, "format": {"type": "grammar", "syntax": "lark",
+                                                                              "definition": "start: /a/i"}}]})
+        assert "tools[0]" in err.value.body["param"]
