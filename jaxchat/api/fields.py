@@ -54,7 +54,7 @@ FIELDS: tuple[Field, ...] = (
     _f("logprobs", "OpenAI", "honoured"),
     _f("top_logprobs", "OpenAI", "honoured"),
     _f("response_format", "OpenAI", "honoured", "json_object, json_schema"),
-    _f("tools", "OpenAI", "honoured"),
+    _f("tools", "OpenAI", "honoured", "function and custom (text, lark, regex) tools"),
     _f("tool_choice", "OpenAI", "honoured"),
     _f("parallel_tool_calls", "OpenAI", "honoured"),
     _f("reasoning_effort", "OpenAI", "honoured"),

@@ -314,6 +314,10 @@ def test_custom_tool_calls_follow_their_grammar(services, choice):
     _check_call(calls[0])
     if choice in CUSTOM_TOOLS_NAMES:
         assert calls[0]["type"] == "custom" and calls[0]["custom"]["name"] == choice
+    if choice in ("call", "required"):  # speculative decoding: the same calls
+        drafted = _calls_both(services["speculative"], body)
+        assert [{k: v for k, v in c.items() if k != "id"} for c in drafted] == \
+            [{k: v for k, v in c.items() if k != "id"} for c in calls]
 
 
 CUSTOM_TOOLS_NAMES = ("words", "call", "note")
