@@ -2,7 +2,7 @@
 
 Contract: `output_format(output)` returns the xgrammar structural-tag format that admits exactly the texts
 `output` allows: `{"type": "regex", "pattern"}` for a regex, `{"type": "grammar", "grammar"}` for an EBNF
-(GBNF) grammar and for a choice (an alternation of the strings as EBNF string literals, `choice_grammar`),
+(GBNF, its `.` rewritten: `gbnf_to_ebnf`) grammar and for a choice (an alternation of the strings as EBNF string literals, `choice_grammar`),
 None for a JSON schema (the caller builds JSON as for `response_format`). `compiler_message(exc)` is
 xgrammar's error text without its timestamp and source-file prefix, the message a 400 carries.
 """
@@ -13,7 +13,7 @@ import re
 
 from jaxchat.chat.structured import OutputConstraint
 
-__all__ = ["choice_grammar", "compiler_message", "literal", "output_format"]
+__all__ = ["choice_grammar", "compiler_message", "gbnf_to_ebnf", "literal", "output_format"]
 
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+?:\d+: ")
 
@@ -40,10 +40,19 @@ def output_format(output: OutputConstraint) -> dict | None:
     if output.kind == "regex":
         return {"type": "regex", "pattern": output.text}
     if output.kind == "grammar":
-        return {"type": "grammar", "grammar": output.text}
+        return {"type": "grammar", "grammar": gbnf_to_ebnf(output.text)}
     if output.kind == "choice":
         return {"type": "grammar", "grammar": choice_grammar(output.choices)}
     return None
+
+
+_GBNF_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*|\.')
+
+
+def gbnf_to_ebnf(grammar: str) -> str:
+    """llama.cpp's GBNF in xgrammar's EBNF: the one construct xgrammar lacks, `.` (any character) outside string
+    literals, character classes and comments, becomes the class of every character."""
+    return _GBNF_TOKEN.sub(lambda m: "[\\u0000-\\U0010ffff]" if m.group() == "." else m.group(), grammar)
 
 
 def compiler_message(exc: BaseException) -> str:

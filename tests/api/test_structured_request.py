@@ -144,3 +144,15 @@ def test_custom_tools_and_their_calls_are_read():
     assert call == {"id": "c1", "type": "function", "function": {"name": "sql", "arguments": '{"input": "SELECT \\"1\\""}'}}
     bad = [*history[:1], {"role": "assistant", "tool_calls": [{"type": "custom", "custom": {"name": "sql"}}]}]
     assert _error(parse_chat_request, {"messages": bad}).param == "messages[1].tool_calls[0].custom.input"
+
+
+def test_gbnf_any_character_is_read():
+    import xgrammar as xgr
+
+    from jaxchat.constrain.output import gbnf_to_ebnf
+
+    grammar = gbnf_to_ebnf('root ::= "id:" .{2} "." # a comment with . in it\n')
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([c.encode() for c in "abc"]))
+    for text, ok in (("id:x\n.", True), ("id:é!.", True), ("id:x.", False)):
+        matcher = xgr.GrammarMatcher(compiler.compile_grammar(grammar), terminate_without_stop_token=True)
+        assert (matcher.accept_string(text) and matcher.is_terminated()) == ok, text
