@@ -239,7 +239,7 @@ async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[
     # warm-up, not measured: a full round at the largest concurrency per mode (the grammar is compiled
     # and cached on its first use; every batch bucket and the whole KV cache get touched once)
     for fields in mode_fields.values():
-        await asyncio.gather(*(one_request(client, model, fields, 4) for _ in range(max(args.concurrency))))
+        await asyncio.gather(*(one_request(client, model, fields, 16) for _ in range(max(args.concurrency))))
     levels = []
     for c in args.concurrency:
         n = args.requests_per_level or max(4, 2 * c)
