@@ -29,7 +29,8 @@ pyargs for LFM2): exact up to `any_order.MAX_ANY_ORDER` properties, any order wi
 many above, the declared order where the schema allows extra properties or constrains which key sets
 are valid; nested objects and the response_format's JSON keep the declared order. A custom tool with a Lark
 or regex grammar has the arguments `{"input": "..."}` with its grammar inside the string
-(`jaxchat.constrain.custom_tools`), in the JSON argument styles only (a RequestError in the others). JSON arguments and
+(`jaxchat.constrain.custom_tools`), or in qwen_xml the raw input as its one parameter; in gemma4's and LFM2's
+syntaxes it is a RequestError. JSON arguments and
 content are bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then
 allows 6 fraction digits), whitespace runs to `MAX_WS` characters. A strict json_schema response_format
 with no callable tools is written compact instead (keys in the declared order, no whitespace between
@@ -186,12 +187,11 @@ def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...], ma
 def _tool_arguments(spec: ChatFormatSpec, tool: dict, style: str = "json", max_ws: int = MAX_WS) -> dict:
     """A tool's arguments (`_arguments`); a custom tool with a grammar: `{"input": ...}` of its grammar
     (`custom_tools`), which only the JSON argument styles carry."""
-    custom = custom_arguments(tool)
-    if custom is None:
-        return _arguments(spec, _params(tool), style, max_ws)
-    if style != "json" or spec.kind == "lfm2":
-        raise RequestError("tools", f"custom tools with a grammar are not supported in the {spec.kind} chat format")
-    return custom
+    if style not in ("json", "qwen_xml") or spec.kind == "lfm2":
+        if custom_arguments(tool) is not None:
+            raise RequestError("tools", f"custom tools with a grammar are not supported in the {spec.kind} chat format")
+    custom = custom_arguments(tool, style)
+    return _arguments(spec, _params(tool), style, max_ws) if custom is None else custom
 
 
 def _params(tool: dict) -> dict:

@@ -108,3 +108,42 @@ def test_json_string_form_of_regex_grammars():
         inside = "root ::= input\n" + json_string_ebnf(raw, "input")
         for text in texts:
             assert _accepts(inside, json.dumps(text, ensure_ascii=False)[1:-1]) == _accepts(raw, text), (pattern, text)
+
+
+# ---- a custom tool's call in each chat format: the grammar admits exactly the input, the parser returns it ------
+REGEX = r'[a-z]+( "[a-z]+"\\?)?'
+INPUTS = {'ls "dir"\\': True, "ls": True, 'ls "dir': False, "LS": False}
+
+
+def _call_text(spec, name: str, text: str) -> str:
+    from jaxchat.chat import native_call_opening
+
+    if spec.kind == "qwen_xml":
+        return f"{spec.tool_start}\n<function={name}>\n<parameter=input>\n{text}\n</parameter>\n</function>\n{spec.tool_end}"
+    return native_call_opening(spec, name) + json.dumps({"input": text}) + "}\n" + spec.tool_end
+
+
+@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml"])
+def test_custom_tool_inputs_in_each_format(qwen25, kind):
+    from jaxchat.chat import chat_constraint_request_from_openai, chat_format_make, chat_parse
+    from jaxchat.chat.msg import ChatParseOptions
+
+    spec = chat_format_make(kind)
+    body = {"tools": [{"type": "custom", "custom": {"name": "sh", "format": {"type": "grammar", "grammar": {
+        "syntax": "regex", "definition": REGEX}}}}], "tool_choice": {"type": "custom", "custom": {"name": "sh"}}}
+    request = chat_constraint_request_from_openai(body)
+    for text, ok in INPUTS.items():
+        call = _call_text(spec, "sh", text)
+        assert qwen25.engine.accepts(spec, request, "", call)[0] == ok, (kind, text)
+        if ok:
+            msg = chat_parse(spec, call, False, ChatParseOptions(tools=request.tools))
+            assert json.loads(msg.tool_calls[0].arguments) == {"input": text}
+
+
+def test_custom_tools_with_grammars_are_refused_where_no_syntax_carries_them(qwen25):
+    from jaxchat.chat import RequestError, chat_constraint_request_from_openai, chat_format_make
+
+    body = {"tools": [{"type": "custom", "custom": {"name": "sh", "format": {"type": "grammar", "grammar": {
+        "syntax": "regex", "definition": REGEX}}}}], "tool_choice": "required"}
+    with pytest.raises(RequestError):
+        qwen25.engine.accepts(chat_format_make("gemma4"), chat_constraint_request_from_openai(body), "", "x")
