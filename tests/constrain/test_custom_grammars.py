@@ -147,3 +147,19 @@ def test_custom_tools_with_grammars_are_refused_where_no_syntax_carries_them(qwe
         "syntax": "regex", "definition": REGEX}}}}], "tool_choice": "required"}
     with pytest.raises(RequestError):
         qwen25.engine.accepts(chat_format_make("gemma4"), chat_constraint_request_from_openai(body), "", "x")
+
+
+def test_custom_tools_under_auto_beside_text_and_functions(qwen25):
+    """tool_choice auto with a custom and a function tool: plain text, the custom call and the function call are
+    each admitted (call envelopes included in the grammar); a custom input off its grammar is not."""
+    from jaxchat.chat import chat_constraint_request_from_openai, chat_format_make
+
+    spec = chat_format_make("hermes_json")
+    body = {"tools": [{"type": "custom", "custom": {"name": "sh", "format": {"type": "grammar", "grammar": {
+        "syntax": "regex", "definition": REGEX}}}},
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]}
+    request = chat_constraint_request_from_openai(body)
+    function_call = spec.tool_start + '\n{"name": "f", "arguments": {}}\n' + spec.tool_end
+    for text, ok in (("Hello there.", True), (_call_text(spec, "sh", "ls"), True), (function_call, True),
+                     (_call_text(spec, "sh", "LS"), False)):
+        assert qwen25.engine.accepts(spec, request, "", text)[0] == ok, text
