@@ -120,21 +120,25 @@ def _call_text(spec, name: str, text: str) -> str:
 
     if spec.kind == "qwen_xml":
         return f"{spec.tool_start}\n<function={name}>\n<parameter=input>\n{text}\n</parameter>\n</function>\n{spec.tool_end}"
+    if spec.kind == "harmony":
+        return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{json.dumps({'input': text})}<|call|>"
     return native_call_opening(spec, name) + json.dumps({"input": text}) + "}\n" + spec.tool_end
 
 
-@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml"])
-def test_custom_tool_inputs_in_each_format(qwen25, kind):
+@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml", "harmony"])
+def test_custom_tool_inputs_in_each_format(vocab, kind):
     from jaxchat.chat import chat_constraint_request_from_openai, chat_format_make, chat_parse
     from jaxchat.chat.msg import ChatParseOptions
 
     spec = chat_format_make(kind)
     body = {"tools": [{"type": "custom", "custom": {"name": "sh", "format": {"type": "grammar", "grammar": {
-        "syntax": "regex", "definition": REGEX}}}}], "tool_choice": {"type": "custom", "custom": {"name": "sh"}}}
+        "syntax": "regex", "definition": REGEX}}}}], "tool_choice": {"type": "custom", "custom": {"name": "sh"}},
+        "think": False}
     request = chat_constraint_request_from_openai(body)
+    engine = vocab("harmony" if kind == "harmony" else "qwen25").engine
     for text, ok in INPUTS.items():
         call = _call_text(spec, "sh", text)
-        assert qwen25.engine.accepts(spec, request, "", call)[0] == ok, (kind, text)
+        assert engine.accepts(spec, request, "", call)[0] == ok, (kind, text)
         if ok:
             msg = chat_parse(spec, call, False, ChatParseOptions(tools=request.tools))
             assert json.loads(msg.tool_calls[0].arguments) == {"input": text}
