@@ -9,7 +9,9 @@ decoding and a fixed length (`max_tokens`, `ignore_eos: true`). It measures
 - time per output token ((last chunk - first token) / (completion tokens - 1)), p50 / p99,
 
 first unconstrained, then the same load with every request constrained (`--constraint json`: a
-`json_schema` response format; `--constraint tools`: `tool_choice: "required"`), and prints the ratio
+`json_schema` response format; `--constraint tools`: `tool_choice: "required"`; `--constraint mix`: request i
+takes the i-th of a regex, a choice, an EBNF grammar, a JSON schema and a required tool call, in turn), and
+prints the ratio
 constrained / unconstrained of tokens/s per level (target >= 0.95). `--peer URL` then drives another
 OpenAI-compatible server (a running `llama-server`, vLLM, SGLang) with the same client, request and
 levels, unconstrained, once jaxchat's server has stopped, and prints jaxchat / peer per level (tokens/s and
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -64,13 +67,34 @@ NOTE_TOOL = {
 }
 
 
+# `--constraint mix`: request i takes MIX[i % 5], one of each structured-output family (issue 51)
+MIX = (
+    {"structured_outputs": {"regex": r"[A-Z][a-z]{2,12}( [a-z]{1,12}){8,200}\."}},
+    {"guided_choice": ["The robot painted the sunrise over the sea, slowly, in thin layers of orange and gold.",
+                       "The robot painted a portrait of the old painter who had taught it to hold a brush.",
+                       "The robot painted nothing at all, and the empty canvas sold for a fortune."]},
+    {"ebnf": 'root ::= "Title: " word (" " word){0,6} "\\n" sentence{1,20}\n'
+             'sentence ::= word (" " word){3,20} ". "\nword ::= [A-Za-z]{1,12}'},
+    {"guided_json": STORY_SCHEMA},
+    {"tools": [NOTE_TOOL], "tool_choice": "required"},
+)
+_mixed = itertools.count()
+
+
+def request_fields(fields: dict) -> dict:
+    """A request's constraint fields: `fields`, or under `mix` the next family's."""
+    return MIX[next(_mixed) % len(MIX)] if fields.get("mix") else fields
+
+
 def constraint_fields(kind: str) -> dict:
+    if kind == "mix":
+        return {"mix": True}
     if kind == "json":
         return {"response_format": {"type": "json_schema",
                                     "json_schema": {"name": "story", "schema": STORY_SCHEMA, "strict": True}}}
     if kind == "tools":
         return {"tools": [NOTE_TOOL], "tool_choice": "required"}
-    raise ValueError(f"--constraint must be json or tools, not {kind!r}")
+    raise ValueError(f"--constraint must be json, tools or mix, not {kind!r}")
 
 
 @dataclass
@@ -162,7 +186,7 @@ async def one_request(client, model: str, fields: dict, max_tokens: int) -> Samp
     tokens = 0
     stream = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **fields},
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **request_fields(fields)},
     )
     async for chunk in stream:
         now = time.perf_counter()
@@ -215,7 +239,7 @@ async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[
     # warm-up, not measured: a full round at the largest concurrency per mode (the grammar is compiled
     # and cached on its first use; every batch bucket and the whole KV cache get touched once)
     for fields in mode_fields.values():
-        await asyncio.gather(*(one_request(client, model, fields, 4) for _ in range(max(args.concurrency))))
+        await asyncio.gather(*(one_request(client, model, fields, 16) for _ in range(max(args.concurrency))))
     levels = []
     for c in args.concurrency:
         n = args.requests_per_level or max(4, 2 * c)
@@ -300,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (eos ignored)")
     p.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per level and mode (default: 2 x concurrency, at least 4)")
-    p.add_argument("--constraint", choices=("json", "tools"), default="json",
+    p.add_argument("--constraint", choices=("json", "tools", "mix"), default="json",
                    help="json: a json_schema response format; tools: tool_choice required")
     p.add_argument("--max-batch", type=int, default=None, help="server slots (default: the largest concurrency)")
     p.add_argument("--max-context", type=int, default=512, help="server context per sequence")

@@ -5,7 +5,9 @@ Contract: `ChatCompletions(pipeline)` serves OpenAI chat completions on a `ChatP
 (`ChatPipeline.complete_chat`); under tool_choice "required" or named, `content` is null.
 `chat_completion_stream(request)` returns a `ChunkStream` of `chat.completion.chunk` dicts written from
 the `ChatRun`'s parser deltas (a role chunk per choice, the deltas, a finish chunk per choice, and a
-usage chunk only with `include_usage`), whose `usage` is set when the response is complete; errors
+usage chunk only with `include_usage`), whose `usage` is set when the response is complete; a custom tool's
+call (`{"type": "custom", "custom": {"name", "input"}}`) is sent whole before its choice's finish chunk
+(`CustomCalls`), and is written so in the plain reply too; errors
 found before the first chunk are raised on the first `__anext__()`, a failure after it is one error
 chunk that ends the stream; closing it early aborts its engine requests.
 """
@@ -17,6 +19,7 @@ from collections.abc import AsyncIterator
 from jaxchat.api import shapes
 from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
+from jaxchat.api.custom_calls import CustomCalls
 from jaxchat.api.pipeline import ChatPipeline, calls_only
 from jaxchat.api.request import ChatRequest
 
@@ -36,7 +39,8 @@ class ChatCompletions:
             cached_tokens = max(cached_tokens, result.cached_tokens)
             reasoning_tokens += p.count_tokens(msg.reasoning_content)
             choices.append(shapes.chat_choice(index, msg, finish, shapes.logprobs_json(p.tokenizer, result.logprobs),
-                                              calls_only=calls_only(prepared)))
+                                              calls_only=calls_only(prepared),
+                                              custom=shapes.custom_tool_names(prepared.options.tools)))
         usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens, cached_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), p.model_id, choices, usage)
 
@@ -47,19 +51,23 @@ class ChatCompletions:
         p = self.pipeline
         run = ChatRun(p, request)  # raises before the first chunk
         factory = shapes.ChunkFactory(p.model_id, request.include_usage)
+        custom = CustomCalls(shapes.custom_tool_names(request.constraint.tools))
         completion_tokens, reasoning_tokens, cached_tokens = 0, 0, 0
         try:
             for index in range(len(run.parsers)):
                 yield factory.delta(index, {"role": "assistant", "content": None if run.calls_only else ""})
             async for update in run.updates():
                 logprobs = shapes.logprobs_json(p.tokenizer, update.logprobs)
-                for delta in update.deltas:
+                for delta in custom.pass_through(update.index, update.deltas):
                     yield factory.delta(update.index, shapes.delta_json(delta), logprobs=logprobs)
                     logprobs = None
                 if update.failed:
                     yield shapes.generation_failed()
                     return
                 if update.finished:
+                    kept = custom.finish(update.index)
+                    if kept:
+                        yield factory.delta(update.index, {"tool_calls": kept})
                     completion_tokens += update.num_tokens
                     reasoning_tokens += update.reasoning_tokens
                     cached_tokens = max(cached_tokens, update.cached_tokens)

@@ -6,7 +6,9 @@ prompt checks, sampling and engine). `completion(request)` returns a
 chunks (each carries one choice's `index`; `n` choices interleave as the engine produces them), its
 `usage` set at the end and sent as a last chunk only with `include_usage`; `echo` puts the prompt's
 text before each choice's text. A failure after the first chunk is one error chunk that ends the
-stream. `generate(request)` runs one choice to its end (the notebook API's `generate`).
+stream. `generate(request)` runs one choice to its end (the notebook API's `generate`). A request's
+`output` (regex, choice, grammar or JSON schema) constrains each choice's text from its first token, read as
+plain text (`ChatPipeline.output_constraint`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from jaxchat.api import shapes
 from jaxchat.api.chunk_stream import ChunkStream
@@ -35,13 +38,19 @@ class TextCompletions:
         p, prompt = self.pipeline, request.prompt
         ids = list(prompt) if isinstance(prompt, tuple) else p.encode(prompt, "prompt", True)
         ids = p.checked_prompt(ids, "prompt")
+        p.check_output(request.output)
         echo = "" if not request.echo else prompt if isinstance(prompt, str) else p.tokenizer.decode(ids)
         return ids, p.sampling(request.sampling, len(ids)), echo
+
+    def _requests(self, request: CompletionRequest, ids: list[int], sampling: SamplingParams) -> list[GenerationRequest]:
+        output = request.output
+        constraint = (lambda: self.pipeline.output_constraint(output)) if output is not None else None
+        return self.pipeline.requests(ids, sampling, request.n, constraint)
 
     async def completion(self, request: CompletionRequest) -> dict:
         p = self.pipeline
         ids, sampling, echo = self._prepare(request)
-        results = await asyncio.gather(*(p.collect(g) for g in p.requests(ids, sampling, request.n)))
+        results = await asyncio.gather(*(p.collect(g) for g in self._requests(request, ids, sampling)))
         choices = [_choice(i, echo + r.text, r.finish_reason) for i, r in enumerate(results)]
         usage = shapes.usage(len(ids), sum(r.num_tokens for r in results),
                              cached_tokens=max(r.cached_tokens for r in results))
@@ -54,7 +63,7 @@ class TextCompletions:
         p = self.pipeline
         ids, sampling, echo = self._prepare(request)
         rid = shapes.new_id("cmpl")
-        gens = p.requests(ids, sampling, request.n)
+        gens = self._requests(request, ids, sampling)
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.ensure_future(p.pump(i, g, queue)) for i, g in enumerate(gens)]
         generated, done, started, cached = [0] * len(gens), 0, [False] * len(gens), 0
@@ -81,7 +90,7 @@ class TextCompletions:
 
     async def generate(self, request: CompletionRequest) -> Generated:
         ids, sampling, _ = self._prepare(request)
-        return await self.pipeline.collect(GenerationRequest(ids, sampling))
+        return await self.pipeline.collect(self._requests(replace(request, n=1), ids, sampling)[0])
 
 
 def _choice(index: int, text: str, finish_reason: str | None) -> dict:

@@ -5,10 +5,14 @@ handed to the chat template as they came; a null field reads as absent) or raise
 `messages[1].tool_calls[0].function.name`). A message's `role` is system, developer, user,
 assistant or tool; its `content` is a string or a list of text parts, and may be null or absent
 only on an assistant turn that has `tool_calls` or reasoning; only assistant turns carry
-`tool_calls`; `name`, `tool_call_id`, `reasoning_content` and `reasoning` are strings.
+`tool_calls`; `name`, `tool_call_id`, `reasoning_content` and `reasoning` are strings. An earlier custom tool
+call (`{"type": "custom", "custom": {"name", "input"}}`) reaches the template as the function call the model
+wrote for it (`arguments` `{"input": ...}`).
 """
 
 from __future__ import annotations
+
+import json
 
 from jaxchat.api.limits import Limits
 from jaxchat.chat.errors import RequestError, expect_items, expect_str, got
@@ -38,6 +42,7 @@ def _message(msg: object, i: int) -> dict:
     if role == "assistant":
         if calls is not None:
             _tool_calls(calls, f"{param}.tool_calls")
+            msg["tool_calls"] = [_as_function_call(call) for call in calls]
         for key in ("reasoning_content", "reasoning"):
             expect_str(msg.get(key), f"{param}.{key}")
         if content is None and not calls and not msg.get("reasoning_content") and not msg.get("reasoning"):
@@ -71,6 +76,16 @@ def _content(content: object, param: str) -> None:
             raise RequestError(f"{where}.text", f"expected a string, got {got(part.get('text'))}")
 
 
+def _as_function_call(call: dict) -> dict:
+    """A custom tool call as the function call the prompt shows (its input as the one argument `input`)."""
+    if call.get("type") != "custom":
+        return call
+    custom = call["custom"]
+    out = {"type": "function", "function": {"name": custom["name"],
+                                            "arguments": json.dumps({"input": custom["input"]}, ensure_ascii=False)}}
+    return {**({"id": call["id"]} if call.get("id") is not None else {}), **out}
+
+
 def _tool_calls(calls: object, param: str) -> None:
     if not isinstance(calls, list):
         raise RequestError(param, f"expected an array of tool calls, got {got(calls)}")
@@ -79,8 +94,15 @@ def _tool_calls(calls: object, param: str) -> None:
         if not isinstance(call, dict):
             raise RequestError(where, f"expected a tool call object, got {got(call)}")
         expect_str(call.get("id"), f"{where}.id")
+        if call.get("type") == "custom":
+            custom = call.get("custom")
+            if not isinstance(custom, dict) or not isinstance(custom.get("name"), str) or not custom["name"]:
+                raise RequestError(f"{where}.custom", f"expected an object with 'name' and 'input', got {got(custom)}")
+            if not isinstance(custom.get("input"), str):
+                raise RequestError(f"{where}.custom.input", f"expected a string, got {got(custom.get('input'))}")
+            continue
         if call.get("type") not in (None, "function"):
-            raise RequestError(f"{where}.type", f"only 'function' tool calls are supported, got {got(call['type'])}")
+            raise RequestError(f"{where}.type", f"expected a 'function' or 'custom' tool call, got {got(call['type'])}")
         fn = call.get("function")
         if not isinstance(fn, dict):
             raise RequestError(f"{where}.function", f"expected an object with 'name' and 'arguments', got {got(fn)}")

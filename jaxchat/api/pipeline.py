@@ -9,8 +9,9 @@ turn-end token ids (`stop_token_ids`). Its public methods are the steps the wire
 tokenises a `ChatRequest` and raises every 400 that needs the model (no chat template, a template that
 refuses the messages or cannot render tools under tool_choice "required"/named, a prompt the tokenizer
 cannot encode, one that is empty or does not fit the context or the KV pool); `encode` / `checked_prompt` /
-`sampling` do the same for a completion's prompt; `constraint` builds one choice's grammar constraint (a
-schema xgrammar cannot compile is a 400); `requests` makes the `n` engine requests; `outputs` runs one
+`sampling` do the same for a completion's prompt; `check_output` refuses a structured-output field that cannot
+be enforced (400); `constraint` builds one choice's grammar constraint (a schema xgrammar cannot compile is a
+400); `requests` makes the `n` engine requests; `outputs` runs one
 (a chat request's reply that opens with a call envelope goes on in the format's own call syntax:
 `jaxchat.api.envelope_restart`), `collect` runs one to its end (`Generated`), `pump` forwards its deltas to a
 queue; `was_cut` says whether to read an output as cut
@@ -30,6 +31,7 @@ from jaxchat.api.cut import cut_finish_reason, was_cut
 from jaxchat.api.envelope_restart import RestartPlan, restarted
 from jaxchat.api.request import ChatRequest, Sampling
 from jaxchat.chat import (
+    ChatFormatSpec,
     ChatMsg,
     ChatParseOptions,
     ChatTemplate,
@@ -38,12 +40,14 @@ from jaxchat.chat import (
     TemplateRefused,
     call_envelopes_on,
     chat_format_detect,
+    chat_format_make,
     chat_format_prefill,
     chat_parse,
     native_call_opening,
 )
 from jaxchat.chat.detect import is_token_from_vocab
 from jaxchat.chat.stream import new_tool_call_id
+from jaxchat.chat.structured import OutputConstraint
 from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
 
 __all__ = ["ChatPipeline", "Generated", "PreparedChat", "ServingEngine", "calls_only", "special_tokens"]
@@ -51,6 +55,7 @@ __all__ = ["ChatPipeline", "Generated", "PreparedChat", "ServingEngine", "calls_
 log = logging.getLogger("jaxchat")
 
 PROMPT_TAIL_TOKENS = 32
+PLAIN_SPEC = chat_format_make("plain")  # how a completion's constrained output is read: text, no markers
 
 
 @runtime_checkable
@@ -159,6 +164,12 @@ class ChatPipeline:
         except TemplateRefused as exc:  # e.g. roles that do not alternate; the template's own failures are 500s
             raise RequestError("messages", f"the model's chat template cannot render these messages: {exc}") from None
         prompt_ids = self.checked_prompt(self.encode(prompt, "messages", False), "messages")
+        self.check_output(constraint.output)
+        if any(t.get("custom") for t in tools):
+            if self.grammar is None:
+                raise RequestError("tools", "this server runs without constrained decoding (--no-constrain), so "
+                                   "custom tools' grammars cannot be honoured")
+            self.grammar.check_custom_tools(tools)
         tail = self.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
         options = ChatParseOptions(parse_tool_calls=bool(tools) and constraint.tool_choice != "none",
                                    tools=tuple(tools),
@@ -188,24 +199,51 @@ class ChatPipeline:
 
     def sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
         """The engine's parameters: `max_tokens` within the room the prompt leaves; the format's turn-end
-        markers join the request's stop tokens unless `ignore_eos` asks for an exact length."""
+        markers join the request's stop tokens unless `ignore_eos` asks for an exact length; a `logit_bias` id
+        outside the vocabulary is a 400."""
         room = self.max_context - prompt_len
+        vocab = self.grammar.vocab_size if self.grammar is not None else len(self.tokenizer)
+        for token, _ in s.logit_bias:
+            if token >= vocab:
+                raise RequestError(f"logit_bias.{token}", f"token id {token} is not in the model's vocabulary "
+                                   f"(ids 0..{vocab - 1})")
         stops = s.stop_token_ids if s.ignore_eos else tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids))
         return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
                                  "stop_token_ids": stops})
 
-    def constraint(self, prepared: PreparedChat):
-        """One choice's grammar constraint (None without a grammar engine)."""
+    def check_output(self, output: OutputConstraint | None) -> None:
+        """A 400 naming the field unless `output` (a structured-output field) can be enforced: it needs the grammar
+        engine, and its regex, choice or grammar must compile and admit some text."""
+        if output is None:
+            return
+        if self.grammar is None:
+            raise RequestError(output.param, "this server runs without constrained decoding (--no-constrain), so "
+                               f"{output.param} cannot be honoured")
+        self.grammar.check_output(output)
+
+    def constraint(self, prepared: PreparedChat, spec: ChatFormatSpec | None = None):
+        """One choice's grammar constraint (None without a grammar engine); `spec` replaces the model's format
+        (a completion's output is read as plain text)."""
         if self.grammar is None:
             return None
         try:
-            return self.grammar.make(self.spec, prepared.constraint, prepared.prefill, tools_enabled=self.tools_enabled)
+            return self.grammar.make(spec or self.spec, prepared.constraint, prepared.prefill,
+                                     tools_enabled=self.tools_enabled)
         except RequestError:
             raise
         except (RuntimeError, ValueError) as exc:  # xgrammar cannot compile what the request asks for
             c = prepared.constraint
-            param = "response_format" if c.response_format != "text" and not c.tools else "tools"
-            raise RequestError(param, f"the request's JSON schemas cannot be compiled into a grammar: {exc}") from None
+            param = c.output.param if c.output is not None else \
+                "response_format" if c.response_format != "text" and not c.tools else "tools"
+            raise RequestError(param, f"the request's constraint cannot be compiled into a grammar: "
+                               f"{exc}") from None
+
+    def output_constraint(self, output: OutputConstraint):
+        """A completion's constraint for `output` (checked by `check_output`), the text read as plain."""
+        if self.grammar is None:
+            return None
+        prepared = PreparedChat((), "", ChatParseOptions(), ConstraintRequest(output=output), SamplingParams(), 1)
+        return self.constraint(prepared, PLAIN_SPEC)
 
     def requests(self, prompt_ids, sampling: SamplingParams, n: int,
                  constraint: Callable[[], Any] | None = None) -> list[GenerationRequest]:

@@ -34,7 +34,7 @@ class ResponsesApi:
         p = self.pipeline
         prepared, results = await p.complete_chat(request.chat)
         msg, finish, result = results[0]
-        writer = rs.ResponseWriter(p.model_id, request.echo)
+        writer = rs.ResponseWriter(p.model_id, request.echo, shapes.custom_tool_names(request.chat.constraint.tools))
         writer.feed(rs.message_deltas(msg))
         writer.finish(finish, rs.usage(len(prepared.prompt_ids), result.num_tokens,
                                        p.count_tokens(msg.reasoning_content), result.cached_tokens))
@@ -45,7 +45,8 @@ class ResponsesApi:
 
     async def _events(self, request: ResponsesRequest, stream: ChunkStream) -> AsyncIterator[dict]:
         run = ChatRun(self.pipeline, request.chat)  # raises before the first event
-        writer = rs.ResponseWriter(self.pipeline.model_id, request.echo)
+        writer = rs.ResponseWriter(self.pipeline.model_id, request.echo,
+                                   shapes.custom_tool_names(request.chat.constraint.tools))
         try:
             yield writer.created()
             yield writer.in_progress()

@@ -11,9 +11,11 @@ for chat); the result's `chat` is that `ChatRequest`, which the service runs thr
 grammar, engine and parser. Conversion: `instructions` becomes a first system message; `input` is a
 string (one user message) or items: messages (`input_text` / `output_text` parts, any role), a
 `reasoning` item (its summary or content text becomes the next assistant turn's reasoning),
-`function_call` (joins the assistant turn before it, or opens one) and `function_call_output` (a tool
-message). `tools` are function tools in the flat Responses shape; `tool_choice` is a mode, `{"type":
-"function", "name"}` or `{"type": "allowed_tools", "mode", "tools"}`; `text.format` is `text`,
+`function_call` / `custom_tool_call` (joins the assistant turn before it, or opens one) and
+`function_call_output` / `custom_tool_call_output` (a tool message). `tools` are function and custom tools
+in the flat Responses shape (custom: `format` `text` or `{"type": "grammar", "syntax", "definition"}`);
+`tool_choice` is a mode, `{"type": "function" | "custom", "name"}` or `{"type": "allowed_tools", "mode",
+"tools"}`; `text.format` is `text`,
 `json_object` or `json_schema`; `reasoning.effort` "none" switches thinking off; `max_output_tokens`,
 `temperature`, `top_p`, `parallel_tool_calls` and `stream` read as in chat. The API is stateless:
 `previous_response_id`, `conversation`, an `item_reference`, `store: true` and `background: true`
@@ -41,6 +43,7 @@ _PARAMS = (
     ("tool_choice.allowed_tools.mode", "tool_choice.mode"),
     ("tool_choice.allowed_tools", "tool_choice"),
     ("tool_choice.function", "tool_choice"),
+    ("tool_choice.custom", "tool_choice"),
     ("response_format.json_schema", "text.format"),
     ("response_format", "text.format"),
     ("reasoning_effort", "reasoning.effort"),
@@ -118,6 +121,8 @@ def _param(param: str | None, sources: list[str]) -> str | None:
         return "input" + param[len("messages"):]
     if param.startswith("tools[") and ".function" in param:
         return param.replace(".function", "", 1)
+    if param.startswith("tools[") and ".custom" in param:
+        return param.replace(".custom", "", 1).replace(".format.grammar.", ".format.", 1)
     for chat, responses in _PARAMS:
         if param.startswith(chat):
             return responses + param[len(chat):]
@@ -130,27 +135,46 @@ def _tools(raw: object) -> object:
         return raw  # the chat reader names what is wrong with it
     out = []
     for i, tool in enumerate(raw):
-        if isinstance(tool, dict):
+        if isinstance(tool, dict) and tool.get("type") == "custom":
+            tool = {"type": "custom", "custom": _custom_tool(tool, f"tools[{i}]")}
+        elif isinstance(tool, dict):
             if tool.get("type") != "function":
-                raise RequestError(f"tools[{i}].type", f"only function tools are supported, got {got(tool.get('type'))}")
+                raise RequestError(f"tools[{i}].type",
+                                   f"expected a 'function' or 'custom' tool, got {got(tool.get('type'))}")
             tool = {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
         out.append(tool)
     return out
+
+
+def _custom_tool(tool: dict, param: str) -> dict:
+    """A Responses custom tool (`{"type": "custom", "name", "description", "format": {"type": "grammar",
+    "syntax", "definition"}}`) in the Chat Completions shape."""
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        fmt = {"type": "grammar", "grammar": {"syntax": fmt.get("syntax"), "definition": fmt.get("definition")}}
+    return {k: v for k, v in (("name", tool.get("name")), ("description", tool.get("description")),
+                              ("format", fmt)) if v is not None}
+
+
+def _ref(ref: object) -> object:
+    """A flat tool reference `{"type": "function" | "custom", "name"}` in the Chat Completions shape."""
+    if isinstance(ref, dict) and ref.get("type") in ("function", "custom"):
+        return {"type": ref["type"], ref["type"]: {"name": ref.get("name")}}
+    return ref
 
 
 def _tool_choice(raw: object) -> object:
     if not isinstance(raw, dict):
         return raw
     kind = raw.get("type")
-    if kind == "function":
-        return {"type": "function", "function": {"name": raw.get("name")}}
+    if kind in ("function", "custom"):
+        return _ref(raw)
     if kind == "allowed_tools":
         tools = raw.get("tools")
         if isinstance(tools, list):
-            tools = [{"type": "function", "function": {"name": t.get("name")}} if isinstance(t, dict)
-                     and t.get("type") == "function" else t for t in tools]
+            tools = [_ref(t) for t in tools]
         return {"type": "allowed_tools", "allowed_tools": {"mode": raw.get("mode"), "tools": tools}}
-    raise RequestError("tool_choice.type", f"expected 'function' or 'allowed_tools', got {got(kind)}")
+    raise RequestError("tool_choice.type", f"expected 'function', 'custom' or 'allowed_tools', got {got(kind)}")
 
 
 def _format(raw: object) -> object:
@@ -188,17 +212,21 @@ def _input(raw: object, instructions: str | None, limits: Limits) -> tuple[list[
             if role not in ROLES:
                 raise RequestError(f"{param}.role", f"expected one of {', '.join(ROLES)}, got {got(role)}")
             msg = {"role": role, "content": _text(item.get("content"), f"{param}.content")}
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             call_id = _required_str(item, "call_id", param)
             name = _required_str(item, "name", param)
-            arguments = _required_str(item, "arguments", param, empty=True)
             names[call_id] = name
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            if kind == "custom_tool_call":
+                call = {"id": call_id, "type": "custom",
+                        "custom": {"name": name, "input": _required_str(item, "input", param, empty=True)}}
+            else:
+                arguments = _required_str(item, "arguments", param, empty=True)
+                call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             if turn_open and not reasoning:
                 messages[-1].setdefault("tool_calls", []).append(call)
                 continue
             msg = {"role": "assistant", "content": None, "tool_calls": [call]}
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _required_str(item, "call_id", param)
             msg = {"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), f"{param}.output")}
             if call_id in names:
@@ -207,8 +235,8 @@ def _input(raw: object, instructions: str | None, limits: Limits) -> tuple[list[
             raise RequestError(f"{param}.type", "item_reference is not supported: this server keeps no items, "
                                "send the item itself")
         else:
-            raise RequestError(f"{param}.type", "expected 'message', 'function_call', 'function_call_output' or "
-                               f"'reasoning', got {got(kind)}")
+            raise RequestError(f"{param}.type", "expected 'message', 'function_call', 'function_call_output', "
+                               f"'custom_tool_call', 'custom_tool_call_output' or 'reasoning', got {got(kind)}")
         turn_open = msg["role"] == "assistant"
         if turn_open and reasoning:
             msg["reasoning_content"], reasoning = reasoning, ""

@@ -5,7 +5,9 @@ Contract: pure builders, no I/O. `ResponseWriter(model, echo)` turns the chat pi
 its `type` and a `sequence_number` counted from 0: `created()` / `in_progress()` (the response with
 status "in_progress" and no output), `feed(deltas)` (items open in the order their first delta
 arrives: a `reasoning` item with one `summary_text` part, a `message` with one `output_text` part, a
-`function_call` per call with its `call_id`, `name` and `arguments`; `response.output_item.added`,
+`function_call` per call with its `call_id`, `name` and `arguments`, or, for a tool named in `custom`, a
+`custom_tool_call` with its `call_id`, `name` and `input`, whose input is sent whole at its end
+(`response.custom_tool_call_input.delta` then `.done`, the input read from the whole arguments); `response.output_item.added`,
 `response.content_part.added` / `response.reasoning_summary_part.added`, then the `.delta` events),
 `finish(finish_reason, usage)` (every open item's `.done` events and `response.output_item.done`,
 in output order, then `response.completed`, or `response.incomplete` with `incomplete_details.reason`
@@ -21,6 +23,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from jaxchat.api.shapes import custom_input
 from jaxchat.chat import ChatMsg, ChatMsgDelta, chat_compute_deltas
 
 __all__ = ["ResponseWriter", "message_deltas", "new_id", "usage"]
@@ -46,7 +49,8 @@ def message_deltas(msg: ChatMsg) -> list[ChatMsgDelta]:
 
 
 class ResponseWriter:
-    def __init__(self, model: str, echo: dict) -> None:
+    def __init__(self, model: str, echo: dict, custom: frozenset[str] = frozenset()) -> None:
+        self.custom = custom
         self.id = new_id("resp")
         self.created_at = int(time.time())
         self.model = model
@@ -136,13 +140,20 @@ class ResponseWriter:
     def _call_delta(self, delta: ChatMsgDelta) -> list[dict]:
         events = []
         if delta.tool_call_index not in self._calls:
-            item = {"id": new_id("fc"), "type": "function_call", "call_id": delta.tool_call_id,
-                    "name": delta.tool_call_name, "arguments": "", "status": "in_progress"}
+            if delta.tool_call_name in self.custom:
+                item = {"id": new_id("ctc"), "type": "custom_tool_call", "call_id": delta.tool_call_id,
+                        "name": delta.tool_call_name, "input": "", "status": "in_progress", "_text": ""}
+            else:
+                item = {"id": new_id("fc"), "type": "function_call", "call_id": delta.tool_call_id,
+                        "name": delta.tool_call_name, "arguments": "", "status": "in_progress"}
             self._calls[delta.tool_call_index], added = self._open(item)
+            added["item"].pop("_text", None)
             events.append(added)
         index = self._calls[delta.tool_call_index]
         item = self.items[index]
-        if delta.tool_call_arguments:
+        if item["type"] == "custom_tool_call":
+            item["_text"] += delta.tool_call_arguments or ""
+        elif delta.tool_call_arguments:
             item["arguments"] += delta.tool_call_arguments
             events.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
                                       output_index=index, delta=delta.tool_call_arguments))
@@ -173,6 +184,10 @@ class ResponseWriter:
             events = [self._event("response.output_text.done", **where, content_index=0, text=part["text"],
                                   logprobs=[]),
                       self._event("response.content_part.done", **where, content_index=0, part=dict(part))]
+        elif item["type"] == "custom_tool_call":
+            item["input"] = custom_input(item.pop("_text"))
+            events = [self._event("response.custom_tool_call_input.delta", **where, delta=item["input"]),
+                      self._event("response.custom_tool_call_input.done", **where, input=item["input"])]
         else:
             events = [self._event("response.function_call_arguments.done", **where, name=item["name"],
                                   arguments=item["arguments"])]

@@ -7,6 +7,7 @@ no I/O, no engine state. Every error body is `{"error": {"message", "type", "par
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -38,11 +39,29 @@ def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0,
     }
 
 
-def tool_call_json(call) -> dict:
+def tool_call_json(call, custom: frozenset[str] = frozenset()) -> dict:
+    """A function call, or (its name in `custom`) a custom tool call whose `input` is its arguments' `input`."""
+    if call.name in custom:
+        return {"id": call.id, "type": "custom", "custom": {"name": call.name, "input": custom_input(call.arguments)}}
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def message_json(msg: ChatMsg, calls_only: bool = False) -> dict:
+def custom_tool_names(tools) -> frozenset[str]:
+    """The names of the custom tools among normalised `tools`."""
+    return frozenset(t["function"]["name"] for t in tools if t.get("custom"))
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool call's input: the `input` string of its JSON arguments (the arguments themselves when the
+    model wrote something else, as an unconstrained decode may)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value["input"] if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
+
+
+def message_json(msg: ChatMsg, calls_only: bool = False, custom: frozenset[str] = frozenset()) -> dict:
     """`content` is null when it is empty and the reply is tool calls (or, `calls_only`, must be)."""
     out: dict = {"role": "assistant",
                  "content": msg.content if (msg.content or not (msg.tool_calls or calls_only)) else None}
@@ -50,7 +69,7 @@ def message_json(msg: ChatMsg, calls_only: bool = False) -> dict:
         out["reasoning_content"] = msg.reasoning_content
         out["reasoning"] = msg.reasoning_content
     if msg.tool_calls:
-        out["tool_calls"] = [tool_call_json(c) for c in msg.tool_calls]
+        out["tool_calls"] = [tool_call_json(c, custom) for c in msg.tool_calls]
     return out
 
 
@@ -66,8 +85,8 @@ def chat_completion(rid: str, model: str, choices: list[dict], usage_json: dict)
 
 
 def chat_choice(index: int, msg: ChatMsg, finish_reason: str | None, logprobs: dict | None,
-                calls_only: bool = False) -> dict:
-    return {"index": index, "message": message_json(msg, calls_only), "logprobs": logprobs,
+                calls_only: bool = False, custom: frozenset[str] = frozenset()) -> dict:
+    return {"index": index, "message": message_json(msg, calls_only, custom), "logprobs": logprobs,
             "finish_reason": finish_reason}
 
 

@@ -3,7 +3,8 @@
 Contract
 --------
 `chat_constraint_request_from_openai(body, max_tools=None, max_schema_depth=None)` reads `tools`, `tool_choice`, `parallel_tool_calls`,
-`response_format`, `think`, `reasoning_effort` and `chat_template_kwargs` from a decoded
+`response_format`, `think`, `reasoning_effort`, `chat_template_kwargs` and the structured-output fields
+(`jaxchat.chat.structured`: regex, choice, grammar, JSON schema) from a decoded
 `/v1/chat/completions` body and returns a frozen `ConstraintRequest`, or raises
 `RequestError(param, message)`, which the server answers with HTTP 400. `param` is the path of the
 offending field spelled the way the OpenAI API spells it (`tools[3].function.name`,
@@ -21,6 +22,8 @@ Rules the rest of jaxchat relies on:
   its `mode` with `allowed_tools` narrowed to the listed names (in the order given, without
   repeats). Without tools, "auto" (and the default) normalise to "none"; "required", the named
   form and `allowed_tools` are rejected.
+* At most one constraint on the output: a structured-output field beside a non-text `response_format`,
+  or beside tools that may be called (tool_choice not "none"), is a `RequestError` naming both.
 * Reasoning is on unless one switch turns it off: `think: false`, `reasoning_effort: "none"`
   or `chat_template_kwargs.enable_thinking: false`; any off switch wins over any on switch.
   `reasoning_effort` keeps the requested level only while reasoning is allowed.
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 from jaxchat.chat import request_tools as rt
 from jaxchat.chat.errors import RequestError, expect_bool, expect_name, expect_object, got
+from jaxchat.chat.structured import OutputConstraint, read_output_constraint
 
 # Levels accepted for `reasoning_effort`; "none" turns reasoning off. The upper three are in the
 # installed OpenAI SDK's `ReasoningEffort` too, so a request the SDK builds is never refused.
@@ -64,6 +68,8 @@ class ConstraintRequest:
     reasoning_effort: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)
     json_schema_description: str | None = None  # the description of a json_schema response_format
+    # a regex, choice, grammar or JSON schema from the structured-output fields (`jaxchat.chat.structured`)
+    output: OutputConstraint | None = None
 
     @property
     def callable_tools(self) -> tuple[dict, ...]:
@@ -95,6 +101,12 @@ def chat_constraint_request_from_openai(
         body.get("response_format"), max_schema_depth
     )
     allow_reasoning, effort, template_kwargs = _parse_thinking(body)
+    output = read_output_constraint(body, max_schema_depth)
+    if output is not None:
+        other = "response_format" if fmt != "text" else "tools" if tools and tool_choice != "none" else None
+        if other is not None:
+            raise RequestError(output.param, f"{other} and {output.param} both constrain the output; "
+                               "send at most one of them")
     return ConstraintRequest(
         tools=tools,
         tool_choice=tool_choice,
@@ -109,6 +121,7 @@ def chat_constraint_request_from_openai(
         allow_reasoning=allow_reasoning,
         reasoning_effort=effort,
         chat_template_kwargs=template_kwargs,
+        output=output,
     )
 
 

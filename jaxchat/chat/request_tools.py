@@ -60,8 +60,11 @@ def parse_tools(raw: object, max_tools: int | None, max_schema_depth: int | None
         p = f"tools[{i}]"
         expect_object(tool, p, "a tool object")
         kind = tool.get("type")
+        if kind == "custom":
+            out.append(_parse_custom(tool, p, seen, i))
+            continue
         if kind is not None and kind != "function":
-            raise RequestError(f"{p}.type", f"only 'function' tools are supported, got {got(kind)}")
+            raise RequestError(f"{p}.type", f"expected a 'function' or 'custom' tool, got {got(kind)}")
         fn = tool.get("function")
         if fn is None:
             raise RequestError(f"{p}.function", "missing required field: the function definition")
@@ -89,6 +92,60 @@ def parse_tools(raw: object, max_tools: int | None, max_schema_depth: int | None
             }
         )
     return tuple(out)
+
+
+CUSTOM_SYNTAXES = ("lark", "regex")
+
+
+def custom_input_schema(description: str) -> dict:
+    """The parameters a custom tool is shown to the model with: its input as one string."""
+    return {"type": "object", "properties": {"input": {"type": "string", "description": description}},
+            "required": ["input"], "additionalProperties": False}
+
+
+def custom_format(tool: dict) -> tuple[str, str] | None:
+    """A normalised tool's custom input format: ("text", "") / ("lark" | "regex", definition); None for a
+    function tool."""
+    custom = tool.get("custom")
+    return None if custom is None else (custom["syntax"], custom["definition"])
+
+
+def _parse_custom(tool: dict, p: str, seen: dict[str, int], i: int) -> dict:
+    """An OpenAI custom tool `{"type": "custom", "custom": {name, description, format}}` as a function tool whose
+    one string parameter `input` carries the input, marked `"custom": {"syntax", "definition"}`."""
+    custom = tool.get("custom")
+    if custom is None:
+        raise RequestError(f"{p}.custom", "missing required field: the custom tool definition")
+    expect_object(custom, f"{p}.custom", "a custom tool object")
+    name = expect_name(custom.get("name"), f"{p}.custom.name", "tool name")
+    if name in seen:
+        raise RequestError(f"{p}.custom.name", f"duplicate tool name {name!r}: tools[{seen[name]}] already defines it")
+    seen[name] = i
+    description = custom.get("description") or ""
+    if not isinstance(description, str):
+        raise RequestError(f"{p}.custom.description", f"expected a string, got {got(description)}")
+    syntax, definition = "text", ""
+    fmt = custom.get("format")
+    if fmt is not None:
+        expect_object(fmt, f"{p}.custom.format", "an object like {'type': 'text'}")
+        kind = fmt.get("type")
+        if kind == "grammar":
+            grammar = fmt.get("grammar")
+            expect_object(grammar, f"{p}.custom.format.grammar", "an object with 'syntax' and 'definition'")
+            syntax, definition = grammar.get("syntax"), grammar.get("definition")
+            if syntax not in CUSTOM_SYNTAXES:
+                raise RequestError(f"{p}.custom.format.grammar.syntax", f"expected 'lark' or 'regex', got {got(syntax)}")
+            if not isinstance(definition, str) or not definition.strip():
+                raise RequestError(f"{p}.custom.format.grammar.definition",
+                                   f"expected the grammar as a non-empty string, got {got(definition)}")
+        elif kind != "text":
+            raise RequestError(f"{p}.custom.format.type", f"expected 'text' or 'grammar', got {got(kind)}")
+    shown = {"text": "free text", "lark": f"text of this Lark grammar:\n{definition}",
+             "regex": f"text matching this regex: {definition}"}[syntax]
+    return {"type": "function",
+            "function": {"name": name, "description": description, "parameters": custom_input_schema(shown),
+                         "strict": False},
+            "custom": {"syntax": syntax, "definition": definition}}
 
 
 def _parse_parameters(raw: object, param: str, max_schema_depth: int | None) -> dict:
@@ -133,11 +190,11 @@ def parse_tool_choice(raw: object, names: tuple[str, ...]) -> tuple[str, tuple[s
             kind = "allowed_tools"
         else:
             raise RequestError("tool_choice.type", "missing required field: 'function' or 'allowed_tools'")
-    if kind not in ("function", "allowed_tools"):
-        raise RequestError("tool_choice.type", f"expected 'function' or 'allowed_tools', got {got(kind)}")
+    if kind not in ("function", "allowed_tools", "custom"):
+        raise RequestError("tool_choice.type", f"expected 'function', 'custom' or 'allowed_tools', got {got(kind)}")
     if not names:
         raise RequestError("tool_choice", f"a tool_choice of type {kind!r} needs at least one tool in 'tools'")
-    if kind == "function":
+    if kind in ("function", "custom"):
         name = _tool_ref_name(raw, "tool_choice", names)
         return "required", (name,), name
     allowed = raw.get("allowed_tools")
@@ -162,9 +219,9 @@ def _tool_ref_name(ref: object, p: str, names: tuple[str, ...]) -> str:
     """The name in `{"type": "function", "function": {"name": N}}` (or the flat `{"type": "function", "name": N}`)."""
     expect_object(ref, p, "a tool reference object like {'type': 'function', 'function': {'name': ...}}")
     kind = ref.get("type")
-    if kind is not None and kind != "function":
-        raise RequestError(f"{p}.type", f"only 'function' tools are supported, got {got(kind)}")
-    fn = ref.get("function")
+    if kind is not None and kind not in ("function", "custom"):
+        raise RequestError(f"{p}.type", f"expected a 'function' or 'custom' tool reference, got {got(kind)}")
+    fn = ref.get("custom" if kind == "custom" else "function")
     if fn is None and ref.get("name") is not None:
         name, param = ref["name"], f"{p}.name"
     elif fn is None:

@@ -6,7 +6,13 @@ Contract:
   it to `vocab_size` (the model's logits size), and logs `Grammar engine ready in N ms`. Stop tokens
   that some format's grammar matches as text (`<|call|>`, `<|return|>`, `<|end|>`) are kept out of
   xgrammar's stop list.
-- `compile(tag)` compiles a structural tag once; later calls with the same tag JSON are a dict hit.
+- `compile(tag)` compiles a structural tag once; later calls with the same tag JSON are a dict hit (an LRU of
+  `cache_size`). A compile that takes longer than `compile_timeout_s` raises `GrammarTimeout` (a RuntimeError)
+  and is left to finish on its daemon thread; the same tag is then refused at once (no second thread).
+  xgrammar's own errors come out as `GrammarError` (a RuntimeError) carrying its message without its log prefix.
+- `check_output(output)` compiles an `OutputConstraint`'s regex / choice / grammar alone and raises
+  `RequestError(output.param, compiler message)` when xgrammar cannot compile it, it times out, or it admits
+  no text at all.
 - `make(spec, request, prefill)` returns the request's constraint (`GrammarConstraint`,
   `TokenBanConstraint` or None, see `chat_make_constraint`), already started with the prefill.
 - `accepts(spec, request, prefill, text)` feeds a whole output through the grammar byte by byte and
@@ -18,14 +24,18 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
 
 import xgrammar as xgr
 
-from jaxchat.chat import ChatFormatSpec, ConstraintRequest
+from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
+from jaxchat.chat.structured import OutputConstraint
 from jaxchat.constrain.constraint import GrammarConstraint, TokenBanConstraint, token_ban_constraint
+from jaxchat.constrain.custom_tools import check_custom_tools, custom_arguments
+from jaxchat.constrain.output import compiler_message, output_format
 from jaxchat.constrain.tags import TEXT_MARKERS, chat_structural_tag, guarded_markers, text_markers
 
 log = logging.getLogger("jaxchat")
@@ -43,9 +53,38 @@ def _vocab_and_eos(tokenizer):
     raise TypeError(f"unsupported tokenizer {type(tokenizer).__name__}: needs get_vocab() or decode_single_token_bytes()")
 
 
+class GrammarError(RuntimeError):
+    """xgrammar cannot compile a grammar; the message is the compiler's."""
+
+
+class GrammarTimeout(RuntimeError):
+    """A grammar took longer than the engine's `compile_timeout_s` to compile."""
+
+
+def _compile_bounded(compile_fn, key: str, timeout_s: float):
+    """`compile_fn(key)` on a daemon thread, waited for at most `timeout_s` (GrammarTimeout past it)."""
+    box: list = []
+    done = threading.Event()
+
+    def run():
+        try:
+            box.append((True, compile_fn(key)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box.append((False, exc))
+        done.set()
+
+    threading.Thread(target=run, name="grammar-compile", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise GrammarTimeout(f"grammar compilation took longer than the time limit of {timeout_s:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 class GrammarEngine:
     def __init__(self, tokenizer, vocab_size: int | None = None, stop_token_ids=None, max_threads: int = 2,
-                 cache_size: int = 256):
+                 cache_size: int = 256, compile_timeout_s: float = 30.0):
         t0 = time.perf_counter()
         kind, default_stops, n_tok = _vocab_and_eos(tokenizer)
         self.vocab_size = int(vocab_size or n_tok)
@@ -71,6 +110,8 @@ class GrammarEngine:
         self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads)
         self._cache: OrderedDict[str, object] = OrderedDict()  # bounded: clients may send ever-new schemas
         self.cache_size = cache_size
+        self.compile_timeout_s = compile_timeout_s
+        self._timed_out: OrderedDict[str, None] = OrderedDict()  # tags past the limit: refused at once
         self._token_ids: dict[bytes, int] | None = None
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         log.info("Grammar engine ready in %d ms", round(self.ready_ms))
@@ -98,12 +139,53 @@ class GrammarEngine:
         key = json.dumps(tag, ensure_ascii=False)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._cache[key] = self.compiler.compile_structural_tag(key)
+            if key in self._timed_out:
+                raise GrammarTimeout(f"grammar compilation took longer than the time limit of {self.compile_timeout_s:g} s")
+            try:
+                compiled = _compile_bounded(self.compiler.compile_structural_tag, key, self.compile_timeout_s)
+            except GrammarTimeout:
+                self._timed_out[key] = None
+                while len(self._timed_out) > self.cache_size:
+                    del self._timed_out[next(iter(self._timed_out))]
+                raise
+            except RuntimeError as exc:
+                raise GrammarError(compiler_message(exc)) from exc
+            self._cache[key] = compiled
             while len(self._cache) > self.cache_size:  # least recently used first
                 del self._cache[next(iter(self._cache))]
         else:
             self._cache.move_to_end(key)
         return compiled
+
+    def check_output(self, output: OutputConstraint) -> None:
+        """A 400 naming `output.param` unless its regex / choice / grammar compiles and admits some text."""
+        fmt = output_format(output)
+        if fmt is None:
+            return
+        try:
+            compiled = self.compile({"type": "structural_tag", "format": fmt})
+        except GrammarTimeout as exc:
+            raise RequestError(output.param, f"the {output.kind} cannot be used: {exc}") from None
+        except (RuntimeError, ValueError) as exc:
+            raise RequestError(output.param, f"the {output.kind} does not compile: {exc}") from None
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(mask)
+        if not matcher.is_terminated() and not mask.any():
+            raise RequestError(output.param, f"the {output.kind} matches no text at all")
+
+    def check_custom_tools(self, tools) -> None:
+        """A 400 naming the definition of the first custom tool whose grammar cannot be converted or compiled."""
+        check_custom_tools(tools)
+        for tool in tools:
+            grammar = custom_arguments(tool)
+            if grammar is not None:
+                try:
+                    self.compile({"type": "structural_tag", "format": grammar})
+                except RuntimeError as exc:
+                    i = tools.index(tool)
+                    raise RequestError(f"tools[{i}].custom.format.grammar.definition",
+                                       f"the grammar cannot be used: {exc}") from None
 
     def _stops_for(self, spec: ChatFormatSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(xgrammar stop ids for this format, stop ids the grammar matches as text)."""

@@ -2,7 +2,7 @@
 
 Contract: `chat_structural_tag(spec, request, tools_enabled=True)` returns a JSON-able dict in
 xgrammar's structural-tag format (`{"type": "structural_tag", "format": {...}}`), or None when
-nothing needs constraining (no callable tools and a "text" response_format). The same
+nothing needs constraining (no callable tools, a "text" response_format and no structured-output field). The same
 `ChatFormatSpec` drives `jaxchat.chat.chat_parse`, so every text the tag accepts parses into what
 the request asked for. Layout:
 
@@ -15,7 +15,8 @@ the request asked for. Layout:
                                          text triggers the rest of its call)
                   tool_choice required:  at least one call, nothing before it
                   named function:        exactly one call of that function
-                  none / no tools:       the content (JSON of the schema under json_schema)
+                  none / no tools:       the content (JSON of the schema under json_schema; the regex,
+                                         choice, grammar or JSON of `request.output`: `output.py`)
                   parallel_tool_calls false: nothing after the first call
 
 Per-tool tags follow xgrammar's builtin styles (hermes_json = `qwen_3`, qwen_xml = `qwen_3_coder`,
@@ -26,7 +27,10 @@ are composed by `jaxchat.constrain.tags_json_calls` around the arguments built h
 required one present, no other one (`jaxchat.constrain.objects.any_order_arguments` for the styles,
 pyargs for LFM2): exact up to `any_order.MAX_ANY_ORDER` properties, any order within groups of that
 many above, the declared order where the schema allows extra properties or constrains which key sets
-are valid; nested objects and the response_format's JSON keep the declared order. JSON arguments and
+are valid; nested objects and the response_format's JSON keep the declared order. A custom tool with a Lark
+or regex grammar has the arguments `{"input": "..."}` with its grammar inside the string
+(`jaxchat.constrain.custom_tools`), or in qwen_xml the raw input as its one parameter; in gemma4's and LFM2's
+syntaxes it is a RequestError. JSON arguments and
 content are bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then
 allows 6 fraction digits), whitespace runs to `MAX_WS` characters. A strict json_schema response_format
 with no callable tools is written compact instead (keys in the declared order, no whitespace between
@@ -46,7 +50,9 @@ import re
 import xgrammar as xgr
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on, native_call_opening
+from jaxchat.constrain.custom_tools import custom_arguments
 from jaxchat.constrain.objects import any_order_arguments
+from jaxchat.constrain.output import output_format
 from jaxchat.constrain.pyargs import python_calls_grammar
 from jaxchat.constrain.tags_envelopes import ENVELOPE_WS, EnvelopeTools, add_envelopes
 from jaxchat.constrain.tags_json_calls import KINDS as JSON_CALL_KINDS
@@ -178,6 +184,16 @@ def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...], ma
     return any_order_arguments(_json(None, json.loads(params_json), style, markers, max_ws))
 
 
+def _tool_arguments(spec: ChatFormatSpec, tool: dict, style: str = "json", max_ws: int = MAX_WS) -> dict:
+    """A tool's arguments (`_arguments`); a custom tool with a grammar: `{"input": ...}` of its grammar
+    (`custom_tools`), which only the JSON argument styles carry."""
+    if style not in ("json", "qwen_xml") or spec.kind == "lfm2":
+        if custom_arguments(tool) is not None:
+            raise RequestError("tools", f"custom tools with a grammar are not supported in the {spec.kind} chat format")
+    custom = custom_arguments(tool, style)
+    return _arguments(spec, _params(tool), style, max_ws) if custom is None else custom
+
+
 def _params(tool: dict) -> dict:
     params = tool["function"].get("parameters")
     return params if isinstance(params, dict) else {"type": "object", "properties": {}}
@@ -186,20 +202,19 @@ def _params(tool: dict) -> dict:
 def tool_tag(spec: ChatFormatSpec, tool: dict) -> list[dict]:
     """The tag(s) of one tool call in the builtin style of the format (several spellings for harmony)."""
     name = tool["function"]["name"]
-    params = _params(tool)
     ts, te = spec.tool_start, spec.tool_end
     if spec.kind in JSON_CALL_KINDS:
-        return call_tags(spec, name, _arguments(spec, params))
+        return call_tags(spec, name, _tool_arguments(spec, tool))
     if spec.kind == "hermes_json":  # xgrammar "qwen_3"
         begin = native_call_opening(spec, name)
-        return [_tag(begin, _arguments(spec, params), "}\n" + te)]
+        return [_tag(begin, _tool_arguments(spec, tool), "}\n" + te)]
     if spec.kind == "qwen_xml":  # xgrammar "qwen_3_coder"; the newline before </function> is the content's
         # trailing whitespace, so a call without parameters may be `<function=NAME>\n</function>`
-        return [_tag(f"{ts}\n<function={name}>\n", _arguments(spec, params, "qwen_xml"), f"</function>\n{te}")]
+        return [_tag(f"{ts}\n<function={name}>\n", _tool_arguments(spec, tool, "qwen_xml"), f"</function>\n{te}")]
     if spec.kind == "gemma4":  # xgrammar "gemma_4"
-        return [_tag(f"{ts}call:{name}", _arguments(spec, params, "gemma"), te)]
+        return [_tag(f"{ts}call:{name}", _tool_arguments(spec, tool, "gemma"), te)]
     if spec.kind == "harmony":  # xgrammar "harmony", plus the spacing gpt-oss emits
-        content = _arguments(spec, params)
+        content = _tool_arguments(spec, tool)
         heads = (
             f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>",
             f"<|channel|>commentary to=functions.{name}<|constrain|>json<|message|>",
@@ -216,9 +231,11 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
     otherwise free text in which the tool opener triggers a call (and, with `envelopes`, the name
     keys of call envelopes trigger theirs)."""
     if spec.kind in JSON_CALL_KINDS:
-        arguments = [(t["function"]["name"], _arguments(spec, _params(t))) for t in tools]
+        arguments = [(t["function"]["name"], _tool_arguments(spec, t)) for t in tools]
         return calls_format(spec, arguments, at_least_one, single, excludes, envelopes)
     if spec.kind == "lfm2":
+        for t in tools:
+            _tool_arguments(spec, t)  # a custom tool with a grammar is a RequestError here
         grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
         tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]
     else:
@@ -242,12 +259,15 @@ def envelope_tools(spec: ChatFormatSpec, request: ConstraintRequest, tools) -> E
     """The call envelopes of a request's free text (`tags_envelopes`), or None when it reads none."""
     if not call_envelopes_on(spec, request):
         return None
-    callable_ = tuple((t["function"]["name"], _arguments(spec, _params(t), max_ws=ENVELOPE_WS)) for t in tools)
+    callable_ = tuple((t["function"]["name"], _tool_arguments(spec, t, max_ws=ENVELOPE_WS)) for t in tools)
     return EnvelopeTools(callable_, request.tool_names)
 
 
 def _content(spec: ChatFormatSpec, request: ConstraintRequest) -> dict | None:
     excl = content_markers(spec, request)
+    if request.output is not None:  # a regex, choice, grammar or JSON schema from the structured-output fields
+        fmt = output_format(request.output)
+        return fmt if fmt is not None else _json(spec, request.output.schema, excludes=excl)
     if request.response_format == "json_schema" and isinstance(request.json_schema, dict):
         fmt = _json(spec, request.json_schema, excludes=excl)
         compact = _compact_json_grammar(json.dumps(fmt, ensure_ascii=False)) if (

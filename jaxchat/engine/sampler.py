@@ -16,6 +16,9 @@ Contract of `sample(logits, bitmask, counts, prompt_mask, params, valid_vocab)`:
   argmax inside the winning block), the same as `jnp.argmax` with NaN read as -inf (first maximum; a
   row of only -inf/NaN gives 0), but 10-25x faster on XLA:CPU, whose variadic argmax reduction does not
   vectorise. The random draw is Gumbel-max over the same argmax.
+- Logit bias: `bias` (ids i32[B, K], values f32[B, K], K = `jaxchat.engine.types.LOGIT_BIAS_SLOTS`; ids out of range are no
+  entry) is added to the logits before everything else (-inf bans a token); the all-empty default costs one
+  scatter of K per row.
 - Logprobs are of the model's raw distribution (padding excluded): the chosen token's and the top
   `LOGPROB_TOPK`, computed when any row asks for them (zeros otherwise).
 - Drafts (speculative decoding): `draft` int32[B] (-1: none) is a proposed token for the row's position. A
@@ -214,16 +217,22 @@ def sample(
     p: SamplingArrays,
     valid_vocab: int,
     draft: jax.Array | None = None,
+    bias: tuple[jax.Array, jax.Array] | None = None,
 ) -> SampleOut:
-    """Sample one token per row; `bitmask=None` skips the grammar mask (padding is still masked); `draft`: see
-    the module docstring."""
+    """Sample one token per row; `bitmask=None` skips the grammar mask (padding is still masked); `draft`, `bias`:
+    see the module docstring."""
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
+    biased = logits
+    if bias is not None:
+        ids, values = bias
+        rows = jnp.arange(logits.shape[0], dtype=jnp.int32)[:, None]
+        biased = logits.at[rows, jnp.where(ids < 0, vocab, ids)].add(values, mode="drop")
     if bitmask is None:
         allowed = jnp.broadcast_to(jnp.arange(vocab)[None, :] < valid_vocab, logits.shape)
     else:
         allowed = unpack_bitmask(bitmask, vocab, valid_vocab)
-    x = jnp.where(allowed, apply_penalties(logits, counts, prompt_mask, p), -jnp.inf)
+    x = jnp.where(allowed, apply_penalties(biased, counts, prompt_mask, p), -jnp.inf)
     greedy = row_argmax(x)
     tokens = jax.lax.switch(_sampling_path(p), [
         lambda: greedy,

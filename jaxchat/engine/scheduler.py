@@ -278,7 +278,8 @@ class Scheduler:
         if samples and seq.req.constraint is not None:
             mask = seq.draft_masks if row.drafts else seq.mask
         values = (*seq.sampling[:8], seq.generated, seq.sampling[8]) if seq.sampling else row.sampling
-        return row._replace(samples=samples, mask=mask, sampling=values or _NEUTRAL)
+        return row._replace(samples=samples, mask=mask, sampling=values or _NEUTRAL,
+                            bias=seq.req.sampling.logit_bias if samples else ())
 
     def _ensure_pages(self, seq: Sequence, upto: int, rows: list[PlannedRow]) -> bool:
         """Extend the row's pages to cover positions < upto, preempting the newest requests while none can be had.

@@ -68,6 +68,7 @@ from jaxchat.bitmask import mask_words
 from jaxchat.engine.compile_level import step_compiler_options
 from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
+from jaxchat.engine.types import LOGIT_BIAS_SLOTS
 from jaxchat.models.base import StepModel
 from jaxchat.models.kv import StepInputs
 
@@ -97,6 +98,7 @@ class RowInput(NamedTuple):
     sampling: tuple  # one value per `SamplingArrays` field
     feed: bool = False  # tokens[0] is the token last sampled in its slot (still on the device); its value ignored
     drafts: int = 0  # its last `drafts` tokens are drafts: it samples at every token (mask [drafts + 1, W])
+    bias: tuple = ()  # its logit bias, (token id, value) pairs (`SamplingParams.logit_bias`)
 
 
 class StepArgs(NamedTuple):
@@ -119,6 +121,8 @@ class SampleArgs(NamedTuple):
     bitmask: np.ndarray | None  # i32[R, W]; None: no row has a mask (the device's all-ones one is used)
     sampling: SamplingArrays
     draft: np.ndarray  # i32[R]: the drafted token this position verifies (-1: none), `sampler.sample`
+    bias_ids: np.ndarray  # i32[R, LOGIT_BIAS_SLOTS] (-1: no entry), `sampler.sample`
+    bias_values: np.ndarray  # f32[R, LOGIT_BIAS_SLOTS]
 
 
 def _step_fields(t: int, r: int, p: int, n: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -161,17 +165,21 @@ def pack_sample(args: SampleArgs) -> tuple[np.ndarray, np.ndarray]:
     sp = args.sampling._asdict() | {"draft": args.draft}
     ints = [np.asarray(args.slots, np.int32), np.asarray(args.samples, np.int32)]
     ints += [np.asarray(sp[f]).astype(np.uint32 if f == "seed" else np.int32).view(np.int32) for f in _SAMPLE_INTS]
-    return np.concatenate(ints), np.concatenate([np.asarray(sp[f], np.float32) for f in _SAMPLE_FLOATS])
+    ints.append(np.asarray(args.bias_ids, np.int32).ravel())
+    floats = [np.asarray(sp[f], np.float32) for f in _SAMPLE_FLOATS] + [np.asarray(args.bias_values, np.float32).ravel()]
+    return np.concatenate(ints), np.concatenate(floats)
 
 
-def unpack_sample(ints, floats, r: int) -> tuple[jax.Array, jax.Array, SamplingArrays, jax.Array]:
-    """(slots, samples, sampling arrays, drafts) from `pack_sample`'s arrays (static slices)."""
+def unpack_sample(ints, floats, r: int) -> tuple[jax.Array, jax.Array, SamplingArrays, jax.Array, tuple]:
+    """(slots, samples, sampling arrays, drafts, logit bias) from `pack_sample`'s arrays (static slices)."""
     col = {name: ints[(2 + i) * r:(3 + i) * r] for i, name in enumerate(_SAMPLE_INTS)}
     col["seed"] = jax.lax.bitcast_convert_type(col["seed"], jnp.uint32)
     col["logprobs"] = col["logprobs"] != 0
     col.update({name: floats[i * r:(i + 1) * r] for i, name in enumerate(_SAMPLE_FLOATS)})
     draft = col.pop("draft")
-    return ints[:r], ints[r:2 * r] != 0, SamplingArrays(**col), draft
+    at_i, at_f, k = (2 + len(_SAMPLE_INTS)) * r, len(_SAMPLE_FLOATS) * r, LOGIT_BIAS_SLOTS
+    bias = ints[at_i:at_i + r * k].reshape(r, k), floats[at_f:at_f + r * k].reshape(r, k)
+    return ints[:r], ints[r:2 * r] != 0, SamplingArrays(**col), draft, bias
 
 
 def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
@@ -285,11 +293,11 @@ def sample_step(state: DeviceState, logits, ints, floats, bitmask, *, valid_voca
     and prompt mask, temperature, truncation, seeded draw); where the row samples, count the token and keep it
     as its slot's last token. `ints`, `floats`: `pack_sample`'s arrays. Pure; jitted per row bucket with the
     state donated."""
-    slots, samples, sampling, draft = unpack_sample(ints, floats, logits.shape[0])
+    slots, samples, sampling, draft, bias = unpack_sample(ints, floats, logits.shape[0])
     slots_n = state.counts.shape[0]
     counts = jnp.take(state.counts, slots, axis=0, mode="clip")
     pmask = jnp.take(state.prompt_mask, slots, axis=0, mode="clip")
-    out = sample(logits, bitmask, counts, pmask, sampling, valid_vocab, draft=draft)
+    out = sample(logits, bitmask, counts, pmask, sampling, valid_vocab, draft=draft, bias=bias)
     counted = jnp.where(samples & (slots < slots_n), slots, slots_n)
     return state._replace(counts=state.counts.at[counted, out.tokens].add(1, mode="drop"),
                           last_tokens=state.last_tokens.at[counted].set(out.tokens, mode="drop")), out
@@ -451,6 +459,7 @@ class StepRunner:
         n = samples_of(key)
         slots, samples = np.full(n, self.max_batch, np.int32), np.zeros(n, np.bool_)
         draft = np.full(n, -1, np.int32)
+        bias_ids, bias_values = np.full((n, LOGIT_BIAS_SLOTS), -1, np.int32), np.zeros((n, LOGIT_BIAS_SLOTS), np.float32)
         masked = any(row.mask is not None for row in rows)
         bitmask = np.full((n, self.mask_words), -1, np.int32) if masked else None
         sp = SamplingArrays.numpy(n)
@@ -465,7 +474,9 @@ class StepRunner:
                     bitmask[i] = row.mask[j] if row.drafts else row.mask
                 for field, full, value in zip(SamplingArrays._fields, sp, row.sampling, strict=True):
                     full[i] = value + j if field == "step" else value
-        return SampleArgs(slots, samples, bitmask, sp, draft)
+                for b, (token, value) in enumerate(row.bias):
+                    bias_ids[i, b], bias_values[i, b] = token, value
+        return SampleArgs(slots, samples, bitmask, sp, draft, bias_ids, bias_values)
 
     # ---- running ---------------------------------------------------------------------------------------
     def run(self, rows: Sequence[RowInput]) -> SampleOut:

@@ -29,6 +29,9 @@ class Constraint(Protocol):
         """True when the grammar has reached an accepting end and nothing more may follow."""
 
 
+LOGIT_BIAS_SLOTS = 32  # logit_bias entries a request may carry (the sampler's static width: no new program shapes)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
@@ -44,6 +47,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # extra stop tokens on top of the model's eos ids
     ignore_eos: bool = False
     logprobs: int | None = None  # None = off; k >= 0 = the chosen token's logprob plus the top k
+    # (token id, value) pairs added to the row's logits before sampling (-inf bans); at most
+    # `LOGIT_BIAS_SLOTS` of them; text the grammar forces (jump-forward) is not sampled
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass

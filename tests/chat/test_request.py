@@ -61,7 +61,14 @@ ERRORS = [
     ({"tools": tools(*(f"f{i}" for i in range(MAX_TOOLS + 1)))}, "tools", f"at most {MAX_TOOLS} tools"),
     ({"tools": [None]}, "tools[0]", "expected a tool object, got null"),
     ({"tools": [tool("a"), 3]}, "tools[1]", "got number 3"),
-    ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type", "only 'function' tools"),
+    ({"tools": [{"type": "mcp", "custom": {"name": "x"}}]}, "tools[0].type", "expected a 'function' or 'custom' tool"),
+    ({"tools": [{"type": "custom"}]}, "tools[0].custom", "missing required field"),
+    ({"tools": [{"type": "custom", "custom": {"name": "x", "format": {"type": "grammar", "grammar": {
+        "syntax": "peg", "definition": "x"}}}}]}, "tools[0].custom.format.grammar.syntax", "expected 'lark' or 'regex'"),
+    ({"tools": [{"type": "custom", "custom": {"name": "x", "format": {"type": "grammar", "grammar": {
+        "syntax": "regex", "definition": ""}}}}]}, "tools[0].custom.format.grammar.definition", "non-empty"),
+    ({"tools": [{"type": "custom", "custom": {"name": "x", "format": {"type": "json"}}}]},
+     "tools[0].custom.format.type", "expected 'text' or 'grammar'"),
     ({"tools": [{"type": 1, "function": {"name": "x"}}]}, "tools[0].type", "got number 1"),
     ({"tools": [{"type": "function"}]}, "tools[0].function", "missing required field"),
     ({"tools": [{"type": "function", "function": None}]}, "tools[0].function", "missing required field"),
@@ -121,9 +128,9 @@ ERRORS = [
     ({"tool_choice": allowed("auto", "a")}, "tool_choice", "needs at least one tool"),
     ({"tools": TWO, "tool_choice": {}}, "tool_choice.type", "missing required field"),
     (
-        {"tools": TWO, "tool_choice": {"type": "custom", "custom": {"name": "a"}}},
+        {"tools": TWO, "tool_choice": {"type": "mcp", "custom": {"name": "a"}}},
         "tool_choice.type",
-        "expected 'function' or 'allowed_tools', got string 'custom'",
+        "expected 'function', 'custom' or 'allowed_tools', got string 'mcp'",
     ),
     ({"tools": TWO, "tool_choice": {"type": "function"}}, "tool_choice.function", "missing required field"),
     ({"tools": TWO, "tool_choice": {"type": "function", "function": "a"}}, "tool_choice.function", "got string 'a'"),
@@ -185,7 +192,7 @@ ERRORS = [
             },
         },
         "tool_choice.allowed_tools.tools[0].type",
-        "only 'function' tools",
+        "expected a 'function' or 'custom' tool reference",
     ),
     (
         {
