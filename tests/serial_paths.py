@@ -6,16 +6,18 @@ so that pass collects a few hundred tests instead of importing every test module
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"^\s*@pytest\.mark\.serial\b", re.M)  # a decorator line, not a mention
 
 
 def serial_paths() -> list[str]:
     from tests.conftest import SERIAL
 
     marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                    if "pytest.mark.serial" in p.read_text() and not str(p.relative_to(ROOT)).startswith(SERIAL))
+                    if MARKER.search(p.read_text()) and not str(p.relative_to(ROOT)).startswith(SERIAL))
     return [*SERIAL, *marked]
 
 

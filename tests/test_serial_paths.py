@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from tests.serial_paths import ROOT, serial_paths
+from tests.serial_paths import MARKER, ROOT, serial_paths
 
 
 def test_every_serial_test_lives_under_a_listed_path():
@@ -13,8 +11,9 @@ def test_every_serial_test_lives_under_a_listed_path():
     assert "tests/engine/test_bursts.py" in paths  # marks one test serial itself, outside the serial folders
     for f in (ROOT / "tests").rglob("test_*.py"):
         name = str(f.relative_to(ROOT))
-        if "pytest.mark.serial" in f.read_text() and f.name != Path(__file__).name:
+        if MARKER.search(f.read_text()):
             assert name.startswith(tuple(paths)), name
+    assert "tests/test_serial_paths.py" not in paths  # mentions the marker without using it
 
 
 def test_the_serial_pass_of_the_test_script_collects_only_those_paths():
