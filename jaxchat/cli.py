@@ -2,7 +2,7 @@
 
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
 model once (the default model when `--model` is absent), logs the detected chat format and serves the
-OpenAI-compatible API, keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
+OpenAI-compatible API (`--data-parallel N`: N replicas over 1/N of the devices each, `engine.replicas`), keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
 `--no-compile-cache`; the step programs are also serialized whole under its `executables/` folder) so the
 next start of the same model and shapes neither traces nor compiles them. Its KV cache is a pool of pages
 sized by memory (`--kv-cache-gib`, else a default per platform), shared between requests by prefix
@@ -85,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="an idle server woken by a request waits while more arrive (each within 3 ms of the "
                             "last) and while requests it is still reading have not reached the engine, at most MS "
                             "ms, to run a burst together (default 30; 0: admit at once)")
+    serve.add_argument("--data-parallel", type=int, default=None, metavar="N",
+                       help="N replicas of the model, each tensor-parallel over 1/N of the devices with its own KV "
+                            "pool and --max-batch rows; requests go to the least loaded (default 1; on TPU one per "
+                            "chip when the kv heads do not divide the chips and the model fits one chip)")
     serve.add_argument("--log-level", default="info")
     cache = serve.add_mutually_exclusive_group()
     cache.add_argument("--compile-cache", default=None, metavar="DIR",
@@ -120,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     lower.add_argument("--max-step-tokens", type=int, default=None, metavar="N")
     lower.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB", help="KV pool per chip")
     lower.add_argument("--speculative", choices=("off", "ngram"), default="off")
+    lower.add_argument("--data-parallel", type=int, default=None, metavar="N",
+                       help="N replicas over --devices/N chips each (default as serve's on TPU)")
     lower.add_argument("--programs", choices=("all", "largest"), default="all",
                        help="largest: one program of each kind (the most tokens and rows), for a quick check")
     return parser
@@ -168,11 +174,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
                            else min(BURST_GAP_S, args.burst_window_ms / 1000))
+    if rank is not None and (args.data_parallel or 1) > 1:
+        raise SystemExit("jaxchat: error: --data-parallel over several processes is not supported")
     if rank is not None and rank > 0:
         return _follow(args.model, rank, engine_args)
     try:
         service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
-                                     start=rank is None, **engine_args)
+                                     start=rank is None, data_parallel=args.data_parallel, **engine_args)
     except ValueError as exc:  # a setting the model cannot take (e.g. --attention pallas on a head_dim of 64)
         raise SystemExit(f"jaxchat: error: {exc}") from None
     release_freed_memory()  # the loader's conversion buffers
@@ -295,7 +303,8 @@ def _chat(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _positive(args, "max_batch", "max_context", "port", "kv_cache_gib", "page_size", "max_step_tokens", "devices")
+    _positive(args, "max_batch", "max_context", "port", "kv_cache_gib", "page_size", "max_step_tokens", "devices",
+              "data_parallel")
     if (getattr(args, "burst_window_ms", None) or 0) < 0:
         raise SystemExit("jaxchat: error: --burst-window-ms must be 0 (off) or positive")
     if args.command == "serve":

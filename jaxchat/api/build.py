@@ -1,8 +1,9 @@
 """Build the serving pipeline for a model path: engine, grammar engine and `ChatService` in one call.
 
 Contract: `build_chat_service(model=None, max_batch=8, max_context=4096, dtype="auto",
-constrained=True, quantize=None, **engine_kwargs)` (quantize "int8": int8 weights, W8A8) loads `model` (an HF directory, a GGUF file or an orbax
-checkpoint; None = the default model asset), starts an engine and, unless `constrained` is False, a
+constrained=True, quantize=None, data_parallel=None, **engine_kwargs)` (quantize "int8": int8 weights, W8A8) loads `model` (an HF directory, a GGUF file or an orbax
+checkpoint; None = the default model asset), starts an engine (`data_parallel` N > 1: N replicas, each over
+1/N of the devices with `max_batch` rows, behind one front, `engine.replicas`; None: its default) and, unless `constrained` is False, a
 grammar engine over the same tokenizer and vocabulary, and returns the `ChatService` serving it
 under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request
 readers and shapes of `jaxchat.api` load without them.
@@ -37,14 +38,15 @@ def default_executable_cache(compile_cache=None) -> Path:
 
 
 def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "auto",
-                       constrained: bool = True, quantize: str | None = None, **engine_kwargs) -> ChatService:
+                       constrained: bool = True, quantize: str | None = None, data_parallel: int | None = None,
+                       **engine_kwargs) -> ChatService:
     from jaxchat.assets import DEFAULT_MODEL, asset_path
     from jaxchat.constrain import GrammarEngine
-    from jaxchat.engine.engine import Engine
+    from jaxchat.engine import replicas
 
     if model is None:
         model = asset_path(DEFAULT_MODEL)
-    engine = Engine.from_path(str(model), dtype=dtype, max_batch=max_batch, max_context=max_context, quantize=quantize,
-                              **engine_kwargs)
+    engine = replicas.from_path(str(model), data_parallel, dtype=dtype, max_batch=max_batch, max_context=max_context,
+                                quantize=quantize, **engine_kwargs)
     grammar = GrammarEngine(engine.tokenizer, vocab_size=engine.model.config.vocab_size) if constrained else None
     return ChatService(engine, model_id_for(model), grammar)

@@ -9,7 +9,7 @@ on XLA:CPU), then written for the next start. So the step programs of a `jaxchat
 executables are not in XLA's persistent cache.
 The key hashes everything a program's executable depends on: `identity` (what the caller's traced code
 closes over: model config, dtype, constants), `name` (which program, with its static options), the abstract
-signature of `args` (tree structure, shapes, dtypes, shardings), the jax, jaxlib and flax versions,
+signature of `args` (tree structure, shapes, dtypes, shardings and their devices), the jax, jaxlib and flax versions,
 `XLA_FLAGS`, the backend and its devices, and a digest of jaxchat's own sources, so an edit to the code never
 loads a stale program. (A wrapper installed on a model's forward is not in the key: an engine built with one
 must not be given a store.)
@@ -54,8 +54,11 @@ def source_digest() -> str:
 
 
 def _leaf_signature(x: Any) -> str:
-    if isinstance(x, jax.Array):
-        return f"{x.shape}/{x.dtype}/{x.weak_type}/{x.sharding}"
+    if isinstance(x, jax.Array):  # the devices too: replicas' programs differ only there (`replicas`)
+        mesh = getattr(x.sharding, "mesh", None)
+        ids = (mesh.device_ids.flatten().tolist() if mesh is not None and hasattr(mesh, "device_ids")
+               else sorted(d.id for d in x.sharding.device_set))
+        return f"{x.shape}/{x.dtype}/{x.weak_type}/{x.sharding}/{ids}"
     if isinstance(x, (np.ndarray, np.generic)):
         return f"{x.shape}/{x.dtype}/np"
     return f"{type(x).__name__}:{x!r}"

@@ -13,6 +13,10 @@ Contract:
   then each program lowered with `lowering_platforms=("tpu",)` and Mosaic kernels targeting the chip
   (`chips.targeting`). `programs="largest"` lowers one program of each kind (the most tokens and rows), for
   quick checks; "all" (the default) every one. A slice whose plan does not fit lowers nothing.
+  `data_parallel` N (None: `replicas.default_data_parallel` for the chip) plans N replicas of `devices / N`
+  chips: the plan (attention path, per-chip bytes, pool) is one replica's, on its own chips, and its programs
+  are lowered on the first group's mesh (every replica runs the same programs on its own chips); `kv_pages` is
+  one replica's pool.
 - `SliceReport.table()`: one line per program (lowered or its error, seconds), then the per-chip bytes, the
   attention path and why, VMEM against the chip's limit; `SliceReport.summary()`: the JSON object (`programs`,
   `lowered`, `per_chip_bytes`, `hbm_bytes`, `vmem_bytes`, `vmem_limit_bytes`, `page_size`, `kv_pages`, ...);
@@ -33,7 +37,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from jaxchat.engine import attention_tpu, chips, engine, slice_plan
+from jaxchat.engine import attention_tpu, chips, engine, replicas, slice_plan
 from jaxchat.engine.step import StepRunner, abstract, make_mesh, pool_shardings, pow2_buckets, samples_of
 
 
@@ -75,6 +79,8 @@ class SliceReport:
     bytes: dict[str, int]  # per chip: weights, state, kv_pool, temporaries
     vmem_bytes: int
     smem_bytes: int = 0
+    data_parallel: int = 1  # replicas, each over devices / data_parallel chips
+    data_parallel_note: str | None = None
     rows: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)  # (program, "lowered"|error, s)
     total_programs: int = 0
 
@@ -91,11 +97,15 @@ class SliceReport:
         lines = [f"{'program':<24} {'result':<10} seconds"]
         lines += [f"{name:<24} {status if status == 'lowered' else 'ERROR':<10} {s:7.2f}"
                   + ("" if status == "lowered" else f"  {status}") for name, status, s in self.rows]
+        if self.data_parallel > 1:
+            lines.append(f"{self.data_parallel} data-parallel replicas of {self.devices // self.data_parallel} "
+                         f"chip(s), each its own weights and KV pool ({self.data_parallel_note})")
         lines.append(f"chip {self.devices} x {self.chip.name}: per chip "
                      + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in self.bytes.items())
                      + f" of {self.chip.hbm_bytes / gib:.0f} GiB HBM")
         lines.append(f"attention {self.attention}" + (f" ({self.attention_note})" if self.attention_note else "")
-                     + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per slice")
+                     + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per "
+                + ("replica" if self.data_parallel > 1 else "slice"))
         lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
                      f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
                      f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
@@ -105,7 +115,8 @@ class SliceReport:
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        return {"chip": self.chip.name, "devices": self.devices, "programs": self.total_programs,
+        return {"chip": self.chip.name, "devices": self.devices, "data_parallel": self.data_parallel,
+                "programs": self.total_programs,
                 "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
                 "per_chip_bytes": sum(self.bytes.values()), "bytes": self.bytes, "hbm_bytes": self.chip.hbm_bytes,
                 "fits": self.fit.fits, "vmem_bytes": self.vmem_bytes,
@@ -126,13 +137,21 @@ def _largest(keys: list[tuple]) -> list[tuple]:
 def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: int = 8, max_context: int = 4096,
                 attention: str = "auto", page_size: int | None = None, dtype: str = "bfloat16",
                 max_step_tokens: int | None = None, kv_cache_gib: float | None = None, speculative: str = "off",
-                programs: str = "all") -> SliceReport:
+                programs: str = "all", data_parallel: int | None = None) -> SliceReport:
     chip = chips.chip(chip_name)
     if len(jax.devices()) < devices:
         raise ValueError(f"--devices {devices}: this process has {len(jax.devices())} devices")
     model = abstract_model(path, dtype)
     cfg = model.config
-    mesh = make_mesh(jax.devices()[:devices])
+    slice_devices = devices
+    if data_parallel is None:
+        data_parallel, dp_why = replicas.default_data_parallel(cfg.num_kv_heads, replicas.weight_bytes(cfg, dtype),
+                                                               devices, "tpu", chip.hbm_bytes)
+    else:
+        dp_why = "asked for"
+    groups = replicas.split_devices(jax.devices()[:devices], data_parallel)
+    devices = len(groups[0])  # from here on, one replica's chips: every replica plans and runs the same programs
+    mesh = make_mesh(groups[0])
     specs = model.partition_specs(mesh)
     params = abstract(model.params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                                  is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
@@ -166,9 +185,10 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
             f" of SMEM, over {slice_plan.SMEM_SHARE:.0%} of the chip's {chip.smem_bytes >> 10} KiB: use a larger "
             f"--page-size, a shorter --max-context or fewer rows (--max-batch)"))
     pool_chip = chip_bytes_of(pools(fit.pages)) if fit.pages > 0 else 0
-    report = SliceReport(chip, devices, chosen, why, page, fit.pages, fit,
+    report = SliceReport(chip, slice_devices, chosen, why, page, fit.pages, fit,
                          {"weights": weights, "state": state, "kv_pool": pool_chip, "temporaries": temps}, 0,
-                         smem_bytes=smem if chosen == "pallas" else 0)
+                         smem_bytes=smem if chosen == "pallas" else 0, data_parallel=data_parallel,
+                         data_parallel_note=dp_why)
     if not fit.fits:
         return report
     runner = StepRunner(step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab,
@@ -215,7 +235,8 @@ def run(args: Any, out=print) -> int:
         report = lower_slice(args.model, args.chip, args.devices, max_batch=args.max_batch,
                              max_context=args.max_context, attention=args.attention, page_size=args.page_size,
                              dtype=args.dtype, max_step_tokens=args.max_step_tokens, kv_cache_gib=args.kv_cache_gib,
-                             speculative=args.speculative, programs=args.programs)
+                             speculative=args.speculative, programs=args.programs,
+                             data_parallel=args.data_parallel)
     except (ValueError, OSError) as exc:
         out(f"jaxchat lower: error: {exc}")
         out(json.dumps({"programs": 0, "lowered": 0, "error": str(exc)}))

@@ -309,6 +309,19 @@ def fill_dequantized_cache(path: str | Path) -> Path | None:
     return cache if cache.exists() else None
 
 
+def gguf_config(path: str | Path) -> ModelConfig:
+    """The model config of a GGUF file, without its tensors: from the dequantised cache's metadata when there is
+    one, else from the GGUF's own metadata."""
+    import gguf
+
+    path = Path(path)
+    handle, meta = open_cache(dequantized_cache_file(path))
+    if handle is not None:
+        with handle:
+            return _config_from_json(meta["config"])
+    return _gguf_tensors(path, gguf.GGUFReader(str(path)))[0]
+
+
 def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
     """A GGUF model; from the dequantised cache (config and chat template included) when there is one,
     which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary)."""

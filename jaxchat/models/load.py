@@ -3,7 +3,8 @@
 Contract: `load_model(path, dtype, mesh)` auto-detects a `.gguf` file (`gguf_loader`), an orbax
 checkpoint directory written by `save_orbax` (`orbax_io`, detected by its `jaxchat_orbax.json`
 marker) or an HF safetensors directory with `config.json` (`hf_loader`), and returns a
-`LoadedModel`; a path that is none of these raises `ModelLoadError` naming it. `save_orbax` is
+`LoadedModel`; a path that is none of these raises `ModelLoadError` naming it. `model_config(path)` reads
+the same path's `ModelConfig` alone (no weights). `save_orbax` is
 `orbax_io.save_orbax`. The GGUF and HF loaders are imported on first use (importing this module
 stays cheap: no numpy, no jax); no loader imports this module.
 `dtype` is "float32", "bfloat16" or "auto" (the default everywhere): `resolve_dtype("auto")` is
@@ -20,10 +21,10 @@ import logging
 from pathlib import Path
 
 from jaxchat.models.base import LoadedModel
-from jaxchat.models.config import ModelLoadError
+from jaxchat.models.config import ModelConfig, ModelLoadError
 from jaxchat.models.orbax_io import MARKER, load_orbax, save_orbax
 
-__all__ = ["DTYPES", "QUANTIZE", "load_model", "quantized", "resolve_dtype", "save_orbax"]
+__all__ = ["DTYPES", "QUANTIZE", "load_model", "model_config", "quantized", "resolve_dtype", "save_orbax"]
 
 DTYPES = ("auto", "float32", "bfloat16")
 QUANTIZE = ("int8",)
@@ -65,6 +66,21 @@ def load_model(path: str | Path, dtype: str = "auto", mesh=None, quantize: str |
     raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file, an HF directory with config.json, "
                          "or a jaxchat orbax checkpoint")
 
+
+def model_config(path: str | Path) -> ModelConfig:
+    """The `ModelConfig` of what `load_model(path)` would load, read without its weights."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from jaxchat.models.gguf_loader import gguf_config
+
+        return gguf_config(path)
+    if path.is_dir() and (path / "config.json").exists():  # an HF directory or an orbax checkpoint
+        import json
+
+        from jaxchat.models.families import from_hf_config
+
+        return from_hf_config(json.loads((path / "config.json").read_text()))
+    raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file or a directory with config.json")
 
 
 def quantized(model: LoadedModel, quantize: str | None) -> LoadedModel:
