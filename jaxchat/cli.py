@@ -1,10 +1,11 @@
 """The `jaxchat` command: `serve`, `chat`, `convert`, `bench`, `lower`; the one place that wires packages together.
 
 Contract: `jaxchat serve [--model PATH] [--host 127.0.0.1] [--port 8000] [--api-key KEY] ...` loads the
-model once (the default model when `--model` is absent), logs the detected chat format and serves the
-OpenAI-compatible API (`--data-parallel N`: N replicas over 1/N of the devices each, `engine.replicas`), keeping its compiled programs in a persistent cache (`--compile-cache DIR`,
-`--no-compile-cache`; the step programs are also serialized whole under its `executables/` folder) so the
-next start of the same model and shapes neither traces nor compiles them. Its KV cache is a pool of pages
+model once (the default model when `--model` is absent; `--data-parallel N`: N replicas over 1/N of the devices
+each, `engine.replicas`), logs the detected chat format and serves the OpenAI-compatible API, keeping its
+compiled programs in a persistent cache (`--compile-cache DIR`, `--no-compile-cache`; the step programs are
+also serialized whole under its `executables/` folder) so the next start of the same model and shapes neither
+traces nor compiles them. Its KV cache is a pool of pages
 sized by memory (`--kv-cache-gib`, else a default per platform), shared between requests by prefix
 (`--no-prefix-cache` turns that off); text the grammar forces is appended without sampling
 (`--no-jump-forward` turns that off); an idle server gathers a burst of requests for up to

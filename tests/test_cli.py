@@ -24,6 +24,9 @@ def test_serve_defaults_bind_localhost_and_default_model():
     (["serve", "--page-size", "-16"], "--page-size must be positive"),
     (["serve", "--max-step-tokens", "0"], "--max-step-tokens must be positive"),
     (["serve", "--burst-window-ms", "-5"], "--burst-window-ms must be 0 (off) or positive"),
+    (["serve", "--data-parallel", "0"], "--data-parallel must be positive"),
+    (["lower", "--model", "m", "--chip", "v5e", "--devices", "8", "--data-parallel", "-2"],
+     "--data-parallel must be positive"),
 ])
 def test_bad_numbers_are_clear_errors(argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -199,3 +202,12 @@ def test_multi_host_flags_are_checked_before_joining(flags, message, monkeypatch
     with pytest.raises(SystemExit) as exc:
         main(["serve", *flags])
     assert message in str(exc.value)
+
+
+def test_data_parallel_that_does_not_divide_the_devices_is_a_clear_error_before_loading(monkeypatch):
+    import jaxchat.engine.host_memory as host_memory
+
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: False)
+    with pytest.raises(SystemExit) as exc:  # this process has 1 device; the model path is never read
+        main(["serve", "--model", "/nonexistent/model", "--no-compile-cache", "--data-parallel", "3"])
+    assert "--data-parallel 3 does not divide the 1 devices" in str(exc.value)

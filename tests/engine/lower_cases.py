@@ -27,6 +27,11 @@ CASES = {
                                      "pallas", "--max-batch", "4", "--max-context", "2048", "--programs",
                                      "largest"],
     "head-dim-64-v5e-4": ["qwen2.5-0.5b", "--chip", "v5e", "--devices", "4", "--programs", "largest"],
+    # 2 kv heads on 8 chips: 8 replicas of one chip, asked for and by default
+    "qwen2.5-1.5b-dp8-v5e-8": ["qwen2.5-1.5b", "--chip", "v5e", "--devices", "8", "--data-parallel", "8",
+                               "--max-batch", "8", "--max-context", "2048"],
+    "qwen2.5-1.5b-v5e-8": ["qwen2.5-1.5b", "--chip", "v5e", "--devices", "8", "--max-batch", "8", "--max-context",
+                           "2048", "--programs", "largest"],
 }
 
 

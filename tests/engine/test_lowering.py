@@ -76,6 +76,24 @@ def test_asked_for_pallas_where_heads_do_not_divide_and_head_dim_64_take_the_jnp
     assert any("head_dim [64]" in line for line in cases["head-dim-64-v5e-4"]["lines"])
 
 
+def test_a_two_kv_head_1_5b_on_v5e_8_lowers_as_8_replicas_of_one_chip(cases):
+    """Qwen2.5-1.5B's shape (2 kv heads) with `--data-parallel 8`: each chip a whole replica, the kernel's path
+    on one chip (the heads need not divide), the weights whole on each chip; the same by default."""
+    case = cases["qwen2.5-1.5b-dp8-v5e-8"]
+    out = _summary(case)
+    assert case["rc"] == 0 and KEYS <= out.keys() and out["fits"]
+    assert out["data_parallel"] == 8 and out["devices"] == 8 and out["attention"] == "pallas"
+    assert out["programs"] == out["lowered"] and out["errors"] == []
+    weights = 28 * (1536 * (12 + 2 * 2) * 128 + 12 * 128 * 1536 + 3 * 1536 * 8960) + 151936 * 1536  # no biases
+    assert weights * 2 <= out["bytes"]["weights"] < weights * 2 * 1.02  # bf16, a whole replica on every chip
+    per_token = 28 * 2 * 2 * 128 * 2
+    assert out["bytes"]["kv_pool"] >= out["kv_pages"] * out["page_size"] * per_token  # one replica's pool
+    assert any("8 data-parallel replicas of 1 chip" in line for line in case["lines"])
+    default = cases["qwen2.5-1.5b-v5e-8"]
+    assert default["rc"] == 0 and _summary(default)["data_parallel"] == 8
+    assert any("2 kv heads do not divide 8 chips" in line for line in default["lines"])
+
+
 @pytest.mark.parametrize("name", ["qwen3-8b-v5e-1", "llama-70b-v5e-1"])
 def test_a_model_that_cannot_fit_is_refused_with_what_would_fit(cases, name):
     case = cases[name]
