@@ -7,7 +7,8 @@ strict table (an unknown GGUF tensor is an error naming it) and then goes throug
 check as HF checkpoints. Fix-ups of llama.cpp's converter are undone: llama Q/K rows are
 un-permuted (rotary pairs interleaved back to halves), Gemma norm weights (stored as 1 + w) get 1
 subtracted. A model without `output.weight` has tied embeddings. The tokenizer comes from the GGUF
-through transformers, the chat template from the `tokenizer.chat_template` metadata.
+through transformers, the chat template from the `tokenizer.chat_template` metadata. `gguf_config(file)` reads
+the config alone.
 
 Dequantising is slow (tens of seconds for a 0.5B model), so the first load of a GGUF file writes the
 dequantised float32 tensors (fix-ups applied, HF names) to

@@ -4,7 +4,7 @@ Contract: `load_model(path, dtype, mesh)` auto-detects a `.gguf` file (`gguf_loa
 checkpoint directory written by `save_orbax` (`orbax_io`, detected by its `jaxchat_orbax.json`
 marker) or an HF safetensors directory with `config.json` (`hf_loader`), and returns a
 `LoadedModel`; a path that is none of these raises `ModelLoadError` naming it. `model_config(path)` reads
-the same path's `ModelConfig` alone (no weights). `save_orbax` is
+the same path's `ModelConfig` alone (no weights; a config.json file itself too). `save_orbax` is
 `orbax_io.save_orbax`. The GGUF and HF loaders are imported on first use (importing this module
 stays cheap: no numpy, no jax); no loader imports this module.
 `dtype` is "float32", "bfloat16" or "auto" (the default everywhere): `resolve_dtype("auto")` is
@@ -74,13 +74,14 @@ def model_config(path: str | Path) -> ModelConfig:
         from jaxchat.models.gguf_loader import gguf_config
 
         return gguf_config(path)
-    if path.is_dir() and (path / "config.json").exists():  # an HF directory or an orbax checkpoint
+    config = path / "config.json" if path.is_dir() else path  # an HF directory, an orbax checkpoint, config.json
+    if config.suffix == ".json" and config.is_file():
         import json
 
         from jaxchat.models.families import from_hf_config
 
-        return from_hf_config(json.loads((path / "config.json").read_text()))
-    raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file or a directory with config.json")
+        return from_hf_config(json.loads(config.read_text()))
+    raise ModelLoadError(f"model path {str(path)!r} is not a .gguf file, a config.json or a directory with one")
 
 
 def quantized(model: LoadedModel, quantize: str | None) -> LoadedModel:

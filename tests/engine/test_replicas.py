@@ -118,6 +118,20 @@ def test_the_device_split_and_the_default():
     assert replicas.default_data_parallel(2, 3 * gib, 4, "cpu", None)[0] == 1  # off TPU: 1
 
 
+class FakeTpu:
+    platform, device_kind = "tpu", "TPU v5 lite"
+
+
+def test_the_plan_reads_the_config_and_picks_a_replica_per_v5e_chip_for_a_small_two_kv_head_model():
+    configs = ROOT / "tests" / "data" / "tpu_configs"
+    n, why = replicas.plan(configs / "qwen2.5-1.5b.json", None, [FakeTpu()] * 8, "bfloat16")
+    assert n == 8 and "(2.88 GiB) fit one chip" in why
+    assert replicas.plan(configs / "qwen3-8b.json", None, [FakeTpu()] * 8, "bfloat16")[0] == 1  # 8 kv heads divide
+    assert replicas.plan(configs / "qwen3-8b.json", 2, [FakeTpu()] * 8, "bfloat16") == (2, "asked for")
+    with pytest.raises(ValueError, match="does not divide the 8 devices"):
+        replicas.plan(configs / "qwen3-8b.json", 3, [FakeTpu()] * 8, "bfloat16")
+
+
 def test_data_parallel_2_on_4_devices_gives_one_devices_greedy_tokens(tmp_path):
     from tests.engine.helpers import byte_tokenizer
     from tests.models.conftest import build_tiny
@@ -125,7 +139,7 @@ def test_data_parallel_2_on_4_devices_gives_one_devices_greedy_tokens(tmp_path):
     checkpoint = tmp_path / "tiny"
     build_tiny("qwen2", checkpoint, vocab_size=264, num_hidden_layers=1)  # 2 kv heads: one per device of a replica
     byte_tokenizer().save_pretrained(checkpoint)
-    # the lowest XLA level (`compile_level`): this test is its 6 compiles; measured here, about half the time
+    # the lowest XLA level (`compile_level`): this test is its 9 compiles; measured here, about half the time
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(ROOT), "JAXCHAT_FAST_COMPILE_BELOW": "10000000"}
     dest = tmp_path / "out.json"
