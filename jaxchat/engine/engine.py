@@ -4,7 +4,8 @@ Contract:
 - `Engine(model, max_batch=16, max_context=2048, ...)` places the params on a mesh over all local devices
   (axis "tp", `model.partition_specs(mesh)`), asks the model how to run them on the mesh's platform
   (`model.step_model(params, platform)`, a `jaxchat.models.StepModel`), builds the KV pool and the step
-  programs (`step.StepRunner`), precompiles them (`warmup=True`, a log line "Warm-up: N programs ...") and
+  programs (`step.StepRunner`), precompiles them (`warmup=True`, or `warm_up()` later; a log line "Warm-up: N
+  programs ...") and
   starts the host loop thread; after that no request compiles. `max_batch` is the number of requests that
   run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
@@ -345,8 +346,7 @@ class Engine:
                                    draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0,
                                    compiles=self.compiles)
         if warmup:
-            with self.compiles.counting():
-                self._warmup()
+            self.warm_up()
         self._compiles_at_ready = self.compiles.compiles
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self._core = _Core(self.scheduler, self._mailbox, burst_gap_s, burst_window_s)
@@ -362,6 +362,13 @@ class Engine:
     @property
     def burst_window_s(self) -> float:
         return self._core.burst_window_s
+
+    def warm_up(self) -> None:
+        """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
+        built with `warmup=False` may do it later, from any thread); its compiles count as the warm-up's."""
+        with self.compiles.counting():
+            self._warmup()
+        self._compiles_at_ready = self.compiles.compiles
 
     def _warmup(self) -> None:
         """Compile (or load from the persistent compilation cache) every step program, with a progress bar

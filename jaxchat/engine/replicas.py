@@ -5,7 +5,8 @@ Contract:
 - `from_path(path, data_parallel=None, *, dtype, max_batch, max_context, quantize, mesh=None, **engine_kwargs)`:
   `data_parallel` N splits the devices (`mesh`'s, else `jax.devices()`) into N consecutive groups
   (`split_devices`); each loads the model on its own mesh (`models.load_model(path, dtype, mesh)`) and runs an
-  `Engine` with `max_batch` rows and its own pool. N = 1 returns a plain `Engine`. None: `default_data_parallel`
+  `Engine` with `max_batch` rows and its own pool; their warm-ups (`Engine.warm_up`, each replica compiles its
+  own programs) run in parallel threads. N = 1 returns a plain `Engine`. None: `default_data_parallel`
   on the model's config. A bad N (< 1, not dividing the devices, N > 1 over several processes) is a
   ValueError before anything is loaded. The choice is logged: "Plan: N data-parallel replicas of M devices".
 - `default_data_parallel(kv_heads, weight_bytes, devices, platform, hbm_bytes) -> (n, why)`: 1, except on TPU
@@ -29,6 +30,7 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +120,16 @@ def from_path(path: str | Path, data_parallel: int | None = None, *, dtype: str 
                                 quantize=quantize, mesh=mesh or make_mesh(devices), **engine_kwargs)
     from jaxchat.models import load_model
 
+    warmup = engine_kwargs.pop("warmup", True)
     engines: list[Engine] = []
     try:
         for group in split_devices(devices, n):
             group_mesh = make_mesh(group)
             engines.append(Engine(load_model(path, dtype, group_mesh, quantize=quantize), max_batch, max_context,
-                                  mesh=group_mesh, **engine_kwargs))
+                                  mesh=group_mesh, warmup=False, **engine_kwargs))
+        if warmup:  # each replica compiles its own programs (bound to its devices): all at once
+            with ThreadPoolExecutor(n, thread_name_prefix="jaxchat-warmup") as pool:
+                list(pool.map(Engine.warm_up, engines))
     except BaseException:
         for engine in engines:
             engine.shutdown()
