@@ -1,7 +1,8 @@
 """The engine: jitted prefill/decode steps with the grammar mask applied inside XLA, the sampler,
 continuous batching over a fixed set of slots, incremental detokenisation and the async `Engine`.
 
-Contract: callers use `Engine` and the types in `jaxchat.engine.types` only; see each module's docstring.
+Contract: callers use `Engine` (or `replicas.from_path`: one engine, or N data-parallel replicas behind the same
+interface) and the types in `jaxchat.engine.types` only; see each module's docstring.
 """
 
 from jaxchat.engine.types import (

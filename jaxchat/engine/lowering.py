@@ -103,9 +103,9 @@ class SliceReport:
         lines.append(f"chip {self.devices} x {self.chip.name}: per chip "
                      + ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in self.bytes.items())
                      + f" of {self.chip.hbm_bytes / gib:.0f} GiB HBM")
+        holder = "replica" if self.data_parallel > 1 else "slice"
         lines.append(f"attention {self.attention}" + (f" ({self.attention_note})" if self.attention_note else "")
-                     + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per "
-                + ("replica" if self.data_parallel > 1 else "slice"))
+                     + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per {holder}")
         lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
                      f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
                      f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
@@ -116,8 +116,7 @@ class SliceReport:
 
     def summary(self) -> dict[str, Any]:
         return {"chip": self.chip.name, "devices": self.devices, "data_parallel": self.data_parallel,
-                "programs": self.total_programs,
-                "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
+                "programs": self.total_programs, "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
                 "per_chip_bytes": sum(self.bytes.values()), "bytes": self.bytes, "hbm_bytes": self.chip.hbm_bytes,
                 "fits": self.fit.fits, "vmem_bytes": self.vmem_bytes,
                 "vmem_limit_bytes": self.chip.vmem_limit_bytes, "smem_bytes": self.smem_bytes, "attention": self.attention,
