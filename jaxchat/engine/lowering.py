@@ -11,7 +11,9 @@ Contract:
   `Engine` makes them on TPU (attention path, page size, buckets, step layout), the pool sized per chip
   (`slice_plan.fit_pages`), a `StepRunner` over abstract arrays on a mesh of the first `devices` CPU devices,
   then each program lowered with `lowering_platforms=("tpu",)` and Mosaic kernels targeting the chip
-  (`chips.targeting`). `programs="largest"` lowers one program of each kind (the most tokens and rows), for
+  (`chips.targeting`). `platform="cuda"` plans a GPU (`chips.GPUS`) as `Engine` runs there instead (the jnp
+  path, pages of 16 tokens; bytes still counted with TPU tile padding: an upper bound) and lowers for "cuda",
+  which jaxlib does on a CPU-only host; `--attention pallas` is refused there (a TPU kernel). `programs="largest"` lowers one program of each kind (the most tokens and rows), for
   quick checks; "all" (the default) every one. A slice whose plan does not fit lowers nothing.
 - `SliceReport.table()`: one line per program (lowered or its error, seconds), then the per-chip bytes, the
   attention path and why, VMEM against the chip's limit; `SliceReport.summary()`: the JSON object (`programs`,
@@ -21,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -77,6 +80,7 @@ class SliceReport:
     smem_bytes: int = 0
     rows: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)  # (program, "lowered"|error, s)
     total_programs: int = 0
+    platform: str = "tpu"  # what the programs were lowered for ("tpu", "cuda")
 
     @property
     def lowered(self) -> int:
@@ -96,16 +100,19 @@ class SliceReport:
                      + f" of {self.chip.hbm_bytes / gib:.0f} GiB HBM")
         lines.append(f"attention {self.attention}" + (f" ({self.attention_note})" if self.attention_note else "")
                      + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per slice")
-        lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
-                     f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
-                     f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
-                     f"{self.smem_bytes / 1024:.0f} KiB of {self.chip.smem_bytes >> 10} KiB")
+        if self.platform != "tpu":
+            lines.append(f"lowered for {self.platform}: bytes counted with TPU tile padding (an upper bound there)")
+        else:
+            lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
+                         f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
+                         f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
+                         f"{self.smem_bytes / 1024:.0f} KiB of {self.chip.smem_bytes >> 10} KiB")
         if not self.fit.fits:
             lines.append(f"DOES NOT FIT: {self.fit.message}")
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        return {"chip": self.chip.name, "devices": self.devices, "programs": self.total_programs,
+        return {"chip": self.chip.name, "platform": self.platform, "devices": self.devices, "programs": self.total_programs,
                 "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
                 "per_chip_bytes": sum(self.bytes.values()), "bytes": self.bytes, "hbm_bytes": self.chip.hbm_bytes,
                 "fits": self.fit.fits, "vmem_bytes": self.vmem_bytes,
@@ -126,8 +133,12 @@ def _largest(keys: list[tuple]) -> list[tuple]:
 def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: int = 8, max_context: int = 4096,
                 attention: str = "auto", page_size: int | None = None, dtype: str = "bfloat16",
                 max_step_tokens: int | None = None, kv_cache_gib: float | None = None, speculative: str = "off",
-                programs: str = "all") -> SliceReport:
-    chip = chips.chip(chip_name)
+                programs: str = "all", platform: str = "tpu") -> SliceReport:
+    chip = chips.chip(chip_name, platform)
+    runtime = {"tpu": "tpu", "cuda": "gpu"}[platform]  # what `Device.platform` says there: the engine's choices
+    if runtime != "tpu" and attention == "pallas":
+        raise ValueError(f"--attention pallas on {platform}: the Pallas kernel is a TPU (Mosaic) kernel; the engine "
+                         "runs the jnp path there (--attention auto or xla)")
     if len(jax.devices()) < devices:
         raise ValueError(f"--devices {devices}: this process has {len(jax.devices())} devices")
     model = abstract_model(path, dtype)
@@ -136,10 +147,11 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     specs = model.partition_specs(mesh)
     params = abstract(model.params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                                  is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-    page = page_size or attention_tpu.page_size_for(max_context)
-    chosen, why = engine.attention_choice(attention, cfg, "tpu", devices, dtype)
-    backend = engine.attention_backend(attention, cfg, "tpu", page, mesh, chip, dtype)
-    step_model = model.step_model(params, "tpu", layout="unrolled" if chosen == "pallas" else None)
+    page = page_size or (attention_tpu.page_size_for(max_context) if runtime == "tpu" else 16)
+    chosen, why = (engine.attention_choice(attention, cfg, runtime, devices, dtype) if runtime == "tpu"
+                   else ("xla", "the Pallas kernel is a TPU kernel"))
+    backend = engine.attention_backend(attention, cfg, runtime, page, mesh, chip, dtype)
+    step_model = model.step_model(params, runtime, layout="unrolled" if chosen == "pallas" else None)
     step_tokens = min(max_step_tokens or 2048, max_batch * max_context)
     stacked = step_model.layout == "stacked"
 
@@ -168,14 +180,14 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     pool_chip = chip_bytes_of(pools(fit.pages)) if fit.pages > 0 else 0
     report = SliceReport(chip, devices, chosen, why, page, fit.pages, fit,
                          {"weights": weights, "state": state, "kv_pool": pool_chip, "temporaries": temps}, 0,
-                         smem_bytes=smem if chosen == "pallas" else 0)
+                         smem_bytes=smem if chosen == "pallas" else 0, platform=platform)
     if not fit.fits:
         return report
     runner = StepRunner(step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab,
                         valid_vocab=vocab, mesh=mesh, backend=backend, num_pages=fit.pages,
                         token_buckets=engine.token_buckets(step_tokens), decode_rows=pow2_buckets(1, max_batch),
                         ragged_rows=engine.ragged_rows(max_batch),
-                        verify_buckets=engine.verify_buckets(step_tokens, "tpu") if speculative == "ngram" else (),
+                        verify_buckets=engine.verify_buckets(step_tokens, runtime) if speculative == "ngram" else (),
                         abstract_arrays=True)
     keys = runner.program_keys()
     report.total_programs = len(keys)
@@ -185,8 +197,8 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     for key in keys if programs == "all" else _largest(keys):
         t0 = time.perf_counter()
         try:
-            with chips.targeting(chip):
-                runner.lower(key, "tpu")
+            with chips.targeting(chip) if platform == "tpu" else contextlib.nullcontext():
+                runner.lower(key, platform)
             status = "lowered"
         except Exception as exc:  # reported per program: the table says which failed and why
             status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -215,7 +227,8 @@ def run(args: Any, out=print) -> int:
         report = lower_slice(args.model, args.chip, args.devices, max_batch=args.max_batch,
                              max_context=args.max_context, attention=args.attention, page_size=args.page_size,
                              dtype=args.dtype, max_step_tokens=args.max_step_tokens, kv_cache_gib=args.kv_cache_gib,
-                             speculative=args.speculative, programs=args.programs)
+                             speculative=args.speculative, programs=args.programs,
+                             platform=getattr(args, "platform", "tpu"))
     except (ValueError, OSError) as exc:
         out(f"jaxchat lower: error: {exc}")
         out(json.dumps({"programs": 0, "lowered": 0, "error": str(exc)}))
