@@ -8,7 +8,8 @@ Contract:
 - `random_model(config, dtype)`: a `LoadedModel` of `config` with normal(0, 0.02) weights, seed 0 (no tokenizer).
 - `engine_warmup(devices=None, attention="auto", new_tokens=8) -> SmokeResult`: an `Engine` over `devices`
   (default: this process's local devices) in bfloat16 on accelerators, float32 on CPU, with few programs
-  (one row, one 64-token step bucket, a 256-token context: three programs), then one greedy generation of `new_tokens` tokens.
+  (one row, one 64-token step bucket, a 256-token context: three programs), then one greedy generation of
+  `new_tokens` tokens.
   `SmokeResult.ok`: as many tokens as asked, every id in the vocabulary, and no compile after the warm-up;
   `SmokeResult.line()` says so in one line. On CPU it takes a few seconds (the jnp path).
 - `python -m jaxchat.engine.smoke [--attention auto|xla|pallas] [--new-tokens N]`: runs it, prints the line;
@@ -73,7 +74,8 @@ class SmokeResult:
 
     def line(self) -> str:
         head = (f"engine warm-up on {self.devices} {self.platform} device(s), 2-layer random model, attention "
-                f"{self.attention}: {self.programs} programs ready in {self.ready_s:.1f} s, greedy tokens {self.tokens}")
+                f"{self.attention}: {self.programs} programs ready in {self.ready_s:.1f} s, "
+                f"greedy tokens {self.tokens}")
         if self.ok:
             return head + ": ok"
         return head + (f": FAILED (wanted {self.new_tokens} tokens below {self.vocab_size}, "
