@@ -16,8 +16,8 @@ with `--attention xla` and with `pallas` where the kernel runs the model there (
   every row against unconstrained rows;
 - per chip count, pallas against xla (decode tok/s at each batch and TTFT, as ratios).
 Prints one block per model, chip count and attention, and a last line `device check: ok`. `--smoke` is a reduced
-run for CI on CPU: SmolLM2 only, batches 1 and 2, few tokens, a 256-token context with one 64-token step bucket,
-no 1.5B config.
+run for CI on CPU: SmolLM2 only, batches 1 and 2, few tokens, a 256-token context, one 64-token step bucket and
+one 2-row decode bucket (three programs), no 1.5B config.
 
     python bench/device_check.py [--smoke] [--new-tokens 64] [--batches 1,16,64] [--models default,dense-1.5b]
 """
@@ -242,7 +242,7 @@ def main() -> None:
     if args.smoke:
         args.new_tokens, args.prompt_tokens = min(args.new_tokens, 8), min(args.prompt_tokens, 64)
         check_model("smollm2-135m (smoke)", gguf("smollm2-135m-instruct-q4_1.gguf"), args, [1, 2], 2,
-                    max_context=256, step_token_buckets=(64,))  # few programs
+                    max_context=256, step_token_buckets=(64,), decode_rows=(2,))  # three programs
     else:
         batches = [int(b) for b in args.batches.split(",")]
         for name in args.models.split(","):

@@ -34,7 +34,7 @@ def test_smoke_run_on_cpu_prints_every_figure():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     text = out.stdout
     for pattern in (r"^== smollm2-135m \(smoke\) on 1 cpu chip\(s\): .*attention xla, ready in \d+ s ==$",
-                    r"^compile \(s\), 5 programs, [\d.]+ s in all: decode/1 [\d.]+, decode/2 [\d.]+, ragged/64/2 [\d.]+",
+                    r"^compile \(s\), 3 programs, [\d.]+ s in all: decode/2 [\d.]+, ragged/64/2 [\d.]+, sample/2 [\d.]+$",
                     r"^memory_stats: not reported on cpu$", r"pallas not run: pallas is a TPU kernel",
                     r"decode batch +1: +[\d.]+ tok/s +\(\d+% of the bandwidth bound\)", r"decode batch +2: +[\d.]+ tok/s",
                     r"TTFT, 64-token prompt, batch 1: [\d.]+ ms", r"JSON schema on every row [\d.]+ ms \([\d.]+x\)",
