@@ -48,9 +48,10 @@ CHIPS: dict[str, Chip] = {
 }
 
 
-GPUS: dict[str, Chip] = {name: Chip(name, int(gb * 1e9), 0, 0, 0, kind, "", "", 1, smem_bytes=0) for name, gb, kind in (
-    ("h100", 80, "NVIDIA H100 80GB HBM3"), ("h200", 141, "NVIDIA H200"), ("a100", 80, "NVIDIA A100-SXM4-80GB"),
-    ("l4", 24, "NVIDIA L4"))}
+GPUS: dict[str, Chip] = {
+    name: Chip(name, int(gb * 1e9), 0, 0, 0, kind, "", "", 1, smem_bytes=0) for name, gb, kind in (
+        ("h100", 80, "NVIDIA H100 80GB HBM3"), ("h200", 141, "NVIDIA H200"), ("a100", 80, "NVIDIA A100-SXM4-80GB"),
+        ("l4", 24, "NVIDIA L4"))}
 
 
 def chip(name: str, platform: str = "tpu") -> Chip:

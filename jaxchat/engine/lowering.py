@@ -13,8 +13,9 @@ Contract:
   then each program lowered with `lowering_platforms=("tpu",)` and Mosaic kernels targeting the chip
   (`chips.targeting`). `platform="cuda"` plans a GPU (`chips.GPUS`) as `Engine` runs there instead (the jnp
   path, pages of 16 tokens; bytes still counted with TPU tile padding: an upper bound) and lowers for "cuda",
-  which jaxlib does on a CPU-only host; `--attention pallas` is refused there (a TPU kernel). `programs="largest"` lowers one program of each kind (the most tokens and rows), for
-  quick checks; "all" (the default) every one. A slice whose plan does not fit lowers nothing.
+  which jaxlib does on a CPU-only host; `--attention pallas` is refused there (a TPU kernel).
+  `programs="largest"` lowers one program of each kind (the most tokens and rows), for quick checks; "all" (the
+  default) every one. A slice whose plan does not fit lowers nothing.
 - `SliceReport.table()`: one line per program (lowered or its error, seconds), then the per-chip bytes, the
   attention path and why, VMEM against the chip's limit; `SliceReport.summary()`: the JSON object (`programs`,
   `lowered`, `per_chip_bytes`, `hbm_bytes`, `vmem_bytes`, `vmem_limit_bytes`, `page_size`, `kv_pages`, ...);
@@ -112,7 +113,8 @@ class SliceReport:
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        return {"chip": self.chip.name, "platform": self.platform, "devices": self.devices, "programs": self.total_programs,
+        return {"chip": self.chip.name, "platform": self.platform, "devices": self.devices,
+                "programs": self.total_programs,
                 "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
                 "per_chip_bytes": sum(self.bytes.values()), "bytes": self.bytes, "hbm_bytes": self.chip.hbm_bytes,
                 "fits": self.fit.fits, "vmem_bytes": self.vmem_bytes,
@@ -149,7 +151,7 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
                                                  is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
     page = page_size or (attention_tpu.page_size_for(max_context) if runtime == "tpu" else 16)
     chosen, why = (engine.attention_choice(attention, cfg, runtime, devices, dtype) if runtime == "tpu"
-                   else ("xla", "the Pallas kernel is a TPU kernel"))
+                   else ("xla", None if attention == "xla" else "the Pallas kernel is a TPU kernel"))
     backend = engine.attention_backend(attention, cfg, runtime, page, mesh, chip, dtype)
     step_model = model.step_model(params, runtime, layout="unrolled" if chosen == "pallas" else None)
     step_tokens = min(max_step_tokens or 2048, max_batch * max_context)
