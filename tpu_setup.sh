@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up jaxchat on a Cloud TPU VM: a Python virtual environment, jax[tpu], the package, the offline
 # assets, then a smoke check that prints jax.devices() and fails unless they are TPUs (on TPU it also runs the
-# Pallas attention kernel once on every chip).
+# Pallas attention kernel once on every chip), then warms up the engine on a 2-layer random model and generates.
 # Idempotent: run it again and it reuses the environment, pip finds everything installed and the
 # asset fetcher downloads nothing. See docs/tpu.md.
 set -euo pipefail
@@ -17,7 +17,9 @@ Set up jaxchat on a Cloud TPU VM (Python 3.11+ and access to the package index n
   1. a virtual environment (default: .venv in the repository root),
   2. torch (CPU wheel, for xgrammar), then the package with its TPU extra: pip install -e ".[tpu]",
   3. the offline assets (python -m jaxchat.assets fetch: the default model, chat templates),
-  4. a smoke check that prints jax.devices() and fails unless the platform is the expected one.
+  4. a smoke check that prints jax.devices() and fails unless the platform is the expected one; on
+     TPU it runs the Pallas attention kernel on every chip; then an engine warm-up on a 2-layer
+     random model (its programs compiled, one greedy generation) on this host's devices.
 
 Options:
   --venv DIR                  the virtual environment to create or reuse (default: .venv in the
@@ -190,7 +192,8 @@ fetch_assets() {
   "$PY" -m jaxchat.assets fetch
 }
 
-# Prints jax.devices() and the mesh jaxchat's engine builds; exits 1 unless the platform is $EXPECT.
+# Prints jax.devices() and the mesh jaxchat's engine builds; exits 1 unless the platform is $EXPECT; then the
+# kernel check (TPU) and the engine warm-up (jaxchat/engine/smoke.py).
 smoke_check() {
   step "smoke check: jax.devices() must be $EXPECT devices"
   [ -x "$PY" ] || die "no virtual environment at $VENV (no $PY): run 'bash $PROG' without --check-only/--skip-install first, or pass --venv DIR"
@@ -278,6 +281,18 @@ if expect == "tpu":  # the Pallas attention kernel the engine serves with, compi
         print(f"the Pallas attention kernel disagrees with JAX's reference: errors {errors}", file=sys.stderr)
         sys.exit(1)
     print(f"Pallas attention kernel on all {len(local)} local chip(s): ok (largest error {max(errors):.4f})")
+# the engine itself on this host's chips: a 2-layer random model, its pool, its programs compiled, one greedy
+# generation (on TPU the Pallas kernel under shard_map; python -m jaxchat.engine.smoke runs the same alone)
+try:
+    from jaxchat.engine.smoke import engine_warmup
+
+    result = engine_warmup(local)
+except Exception as exc:  # noqa: BLE001 - reported with the reason
+    print(f"the engine warm-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(1)
+print(result.line())
+if not result.ok:
+    sys.exit(1)
 PYEOF
 }
 

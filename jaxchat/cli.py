@@ -14,7 +14,8 @@ a server URL;
 `jaxchat convert SRC DST` writes an orbax checkpoint.
 `jaxchat lower --model CONFIG --chip v5e|v6e|v5p|v7x --devices N ...` plans that TPU slice from the model's
 config and lowers every program for it on fake CPU devices (`engine.lowering`); its last line is one JSON
-object; exit 0 only when every program lowered and the plan fits.
+object; exit 0 only when every program lowered and the plan fits. `--platform cuda --chip h100|h200|a100|l4`
+does the same for GPUs.
 Multi-host: `jaxchat serve --coordinator HOST:PORT --num-processes N --process-id I` (or no such flag on a
 TPU pod slice) is run once per process with the same other flags; they join one JAX runtime
 (`engine.cluster`), each loads its shards onto one global mesh, process 0 serves HTTP and drives every step
@@ -114,7 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     lower = sub.add_parser("lower", help="plan a TPU slice from a model's config and lower every program for it "
                                          "(on fake CPU devices, no TPU, no weights)")
     lower.add_argument("--model", required=True, help="an HF directory or its config.json")
-    lower.add_argument("--chip", required=True, choices=("v5e", "v6e", "v5p", "v7x"))
+    lower.add_argument("--chip", required=True, choices=("v5e", "v6e", "v5p", "v7x", "h100", "h200", "a100", "l4"),
+                       help="a TPU generation, or with --platform cuda a GPU")
+    lower.add_argument("--platform", choices=("tpu", "cuda"), default="tpu",
+                       help="lower for Cloud TPU (default) or for NVIDIA GPUs (the jnp attention path)")
     lower.add_argument("--devices", type=int, required=True, help="chips of the slice")
     lower.add_argument("--max-batch", type=int, default=8)
     lower.add_argument("--max-context", type=int, default=4096)

@@ -8,6 +8,7 @@ included.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,16 +91,19 @@ def test_smoke_check_fails_clearly_without_tpu():
 
 def test_smoke_check_passes_on_the_expected_platform():
     needs_venv()
-    result = run("--check-only", "--expect-platform", "cpu", "--venv", str(VENV))
+    result = run("--check-only", "--expect-platform", "cpu", "--venv", str(VENV), timeout=300)
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert "jax.devices(): [CpuDevice(id=0)" in result.stdout
     assert "jaxchat mesh (the engine's default): axis 'tp' over" in result.stdout
     assert "sharded computation over all" in result.stdout
+    # the engine warm-up (jaxchat/engine/smoke.py): the jnp path on CPU
+    assert re.search(r"^engine warm-up on 1 cpu device\(s\), 2-layer random model, attention xla: 3 programs ready in "
+                     r"[\d.]+ s, greedy tokens \[\d+(, \d+){7}\]: ok$", result.stdout, re.M), result.stdout
 
 
 def test_skip_install_and_assets_runs_the_check_and_prints_how_to_serve():
     needs_venv()
-    result = run("--skip-install", "--skip-assets", "--expect-platform=cpu", f"--venv={VENV}")
+    result = run("--skip-install", "--skip-assets", "--expect-platform=cpu", f"--venv={VENV}", timeout=300)
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert "installing packages" not in result.stdout and "fetching the offline assets" not in result.stdout
     assert "jaxchat serve --model /path/to/hf_dir --dtype bfloat16 --max-batch 32" in result.stdout

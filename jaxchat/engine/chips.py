@@ -4,7 +4,9 @@ Contract:
 - `CHIPS`: name ("v5e", "v6e", "v5p", "v7x") -> `Chip` (HBM bytes per chip, VMEM bytes per TensorCore, the
   compiler's default scoped VMEM limit, the `vmem_limit_bytes` the engine passes to its attention kernel, the
   device kind JAX reports, the tuned-table name of JAX's ragged paged attention, the Mosaic chip version and
-  TensorCores per JAX device). `chip(name)` raises ValueError naming the choices.
+  TensorCores per JAX device). `chip(name, platform="tpu")` raises ValueError naming the choices.
+- `GPUS`: name ("h100", "h200", "a100", "l4") -> a `Chip` with only the memory a GPU has (data sheet, decimal
+  GB), for `jaxchat lower --platform cuda`; `chip(name, "cuda")` picks from it.
 - `chip_of_device(device)`: the `Chip` of a TPU device (by its device kind), None for any other device.
 - `targeting(chip)`: a context manager under which Mosaic (Pallas TPU) kernels lower for `chip` on a host whose
   devices are not TPUs (CPU devices with `lowering_platforms=("tpu",)`): Mosaic reads the chip generation from
@@ -46,10 +48,17 @@ CHIPS: dict[str, Chip] = {
 }
 
 
-def chip(name: str) -> Chip:
-    if name not in CHIPS:
-        raise ValueError(f"chip {name!r}: choose one of {', '.join(CHIPS)}")
-    return CHIPS[name]
+GPUS: dict[str, Chip] = {
+    name: Chip(name, int(gb * 1e9), 0, 0, 0, kind, "", "", 1, smem_bytes=0) for name, gb, kind in (
+        ("h100", 80, "NVIDIA H100 80GB HBM3"), ("h200", 141, "NVIDIA H200"), ("a100", 80, "NVIDIA A100-SXM4-80GB"),
+        ("l4", 24, "NVIDIA L4"))}
+
+
+def chip(name: str, platform: str = "tpu") -> Chip:
+    table = CHIPS if platform == "tpu" else GPUS
+    if name not in table:
+        raise ValueError(f"chip {name!r} on {platform}: choose one of {', '.join(table)}")
+    return table[name]
 
 
 def chip_of_device(device) -> Chip | None:

@@ -5,8 +5,8 @@ Contract:
   (axis "tp", `model.partition_specs(mesh)`), asks the model how to run them on the mesh's platform
   (`model.step_model(params, platform)`, a `jaxchat.models.StepModel`), builds the KV pool and the step
   programs (`step.StepRunner`), precompiles them (`warmup=True`, or `warm_up()` later; a log line "Warm-up: N
-  programs ...") and
-  starts the host loop thread; after that no request compiles. `max_batch` is the number of requests that
+  programs ...") and starts the host loop thread; after that no request compiles (`engine.warmup_seconds`: each
+  program's key -> the seconds its compile or load took). `max_batch` is the number of requests that
   run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
   as many pages as `kv_cache_gib` GiB per device hold; by default, on TPU/GPU `KV_MEMORY_FRACTION` of the
@@ -295,6 +295,7 @@ class Engine:
     ) -> None:
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
+        self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
         self.mesh = mesh if mesh is not None else (getattr(model, "mesh", None) or make_mesh())
@@ -377,8 +378,12 @@ class Engine:
 
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
         store = self.runner.executables
+        keys, last = self.runner.program_keys(), [t0]
         with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
             def progress(done: int, total: int) -> None:
+                now = time.perf_counter()
+                self.warmup_seconds[keys[done - 1]] = now - last[0]
+                last[0] = now
                 bar.total = total
                 bar.update(done - bar.n)
 

@@ -11,8 +11,11 @@ Contract:
   `Engine` makes them on TPU (attention path, page size, buckets, step layout), the pool sized per chip
   (`slice_plan.fit_pages`), a `StepRunner` over abstract arrays on a mesh of the first `devices` CPU devices,
   then each program lowered with `lowering_platforms=("tpu",)` and Mosaic kernels targeting the chip
-  (`chips.targeting`). `programs="largest"` lowers one program of each kind (the most tokens and rows), for
-  quick checks; "all" (the default) every one. A slice whose plan does not fit lowers nothing.
+  (`chips.targeting`). `platform="cuda"` plans a GPU (`chips.GPUS`) as `Engine` runs there instead (the jnp
+  path, pages of 16 tokens; bytes still counted with TPU tile padding: an upper bound) and lowers for "cuda",
+  which jaxlib does on a CPU-only host; `--attention pallas` is refused there (a TPU kernel).
+  `programs="largest"` lowers one program of each kind (the most tokens and rows), for quick checks; "all" (the
+  default) every one. A slice whose plan does not fit lowers nothing.
   `data_parallel` N (None: `replicas.default_data_parallel` for the chip) plans N replicas of `devices / N`
   chips: the plan (attention path, per-chip bytes, pool) is one replica's, on its own chips, and its programs
   are lowered on the first group's mesh (every replica runs the same programs on its own chips); `kv_pages` is
@@ -25,6 +28,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -83,6 +87,7 @@ class SliceReport:
     data_parallel_note: str | None = None
     rows: list[tuple[str, str, float]] = dataclasses.field(default_factory=list)  # (program, "lowered"|error, s)
     total_programs: int = 0
+    platform: str = "tpu"  # what the programs were lowered for ("tpu", "cuda")
 
     @property
     def lowered(self) -> int:
@@ -106,17 +111,21 @@ class SliceReport:
         holder = "replica" if self.data_parallel > 1 else "slice"
         lines.append(f"attention {self.attention}" + (f" ({self.attention_note})" if self.attention_note else "")
                      + f"; KV pool {self.kv_pages} pages of {self.page_size} tokens per {holder}")
-        lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
-                     f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
-                     f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
-                     f"{self.smem_bytes / 1024:.0f} KiB of {self.chip.smem_bytes >> 10} KiB")
+        if self.platform != "tpu":
+            lines.append(f"lowered for {self.platform}: bytes counted with TPU tile padding (an upper bound there)")
+        else:
+            lines.append(f"VMEM of the attention blocks {self.vmem_bytes / (1 << 20):.1f} MiB of the "
+                         f"{self.chip.vmem_limit_bytes / (1 << 20):.0f} MiB limit passed (chip default "
+                         f"{self.chip.default_scoped_vmem_bytes / (1 << 20):.0f} MiB); SMEM of its page tables "
+                         f"{self.smem_bytes / 1024:.0f} KiB of {self.chip.smem_bytes >> 10} KiB")
         if not self.fit.fits:
             lines.append(f"DOES NOT FIT: {self.fit.message}")
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        return {"chip": self.chip.name, "devices": self.devices, "data_parallel": self.data_parallel,
-                "programs": self.total_programs, "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
+        return {"chip": self.chip.name, "platform": self.platform, "devices": self.devices,
+                "data_parallel": self.data_parallel, "programs": self.total_programs,
+                "lowered": self.lowered, "errors": [n for n, status, _ in self.rows if status != "lowered"],
                 "per_chip_bytes": sum(self.bytes.values()), "bytes": self.bytes, "hbm_bytes": self.chip.hbm_bytes,
                 "fits": self.fit.fits, "vmem_bytes": self.vmem_bytes,
                 "vmem_limit_bytes": self.chip.vmem_limit_bytes, "smem_bytes": self.smem_bytes, "attention": self.attention,
@@ -136,8 +145,13 @@ def _largest(keys: list[tuple]) -> list[tuple]:
 def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: int = 8, max_context: int = 4096,
                 attention: str = "auto", page_size: int | None = None, dtype: str = "bfloat16",
                 max_step_tokens: int | None = None, kv_cache_gib: float | None = None, speculative: str = "off",
-                programs: str = "all", data_parallel: int | None = None) -> SliceReport:
-    chip = chips.chip(chip_name)
+                programs: str = "all", data_parallel: int | None = None,
+                platform: str = "tpu") -> SliceReport:
+    chip = chips.chip(chip_name, platform)
+    runtime = {"tpu": "tpu", "cuda": "gpu"}[platform]  # what `Device.platform` says there: the engine's choices
+    if runtime != "tpu" and attention == "pallas":
+        raise ValueError(f"--attention pallas on {platform}: the Pallas kernel is a TPU (Mosaic) kernel; the engine "
+                         "runs the jnp path there (--attention auto or xla)")
     if len(jax.devices()) < devices:
         raise ValueError(f"--devices {devices}: this process has {len(jax.devices())} devices")
     model = abstract_model(path, dtype)
@@ -145,7 +159,7 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     slice_devices = devices
     if data_parallel is None:
         data_parallel, dp_why = replicas.default_data_parallel(cfg.num_kv_heads, replicas.weight_bytes(cfg, dtype),
-                                                               devices, "tpu", chip.hbm_bytes)
+                                                               devices, runtime, chip.hbm_bytes)
     else:
         dp_why = "asked for"
     groups = replicas.split_devices(jax.devices()[:devices], data_parallel)
@@ -154,10 +168,11 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     specs = model.partition_specs(mesh)
     params = abstract(model.params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                                  is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-    page = page_size or attention_tpu.page_size_for(max_context)
-    chosen, why = engine.attention_choice(attention, cfg, "tpu", devices, dtype)
-    backend = engine.attention_backend(attention, cfg, "tpu", page, mesh, chip, dtype)
-    step_model = model.step_model(params, "tpu", layout="unrolled" if chosen == "pallas" else None)
+    page = page_size or (attention_tpu.page_size_for(max_context) if runtime == "tpu" else 16)
+    chosen, why = (engine.attention_choice(attention, cfg, runtime, devices, dtype) if runtime == "tpu"
+                   else ("xla", None if attention == "xla" else "the Pallas kernel is a TPU kernel"))
+    backend = engine.attention_backend(attention, cfg, runtime, page, mesh, chip, dtype)
+    step_model = model.step_model(params, runtime, layout="unrolled" if chosen == "pallas" else None)
     step_tokens = min(max_step_tokens or 2048, max_batch * max_context)
     stacked = step_model.layout == "stacked"
 
@@ -187,14 +202,14 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     report = SliceReport(chip, slice_devices, chosen, why, page, fit.pages, fit,
                          {"weights": weights, "state": state, "kv_pool": pool_chip, "temporaries": temps}, 0,
                          smem_bytes=smem if chosen == "pallas" else 0, data_parallel=data_parallel,
-                         data_parallel_note=dp_why)
+                         data_parallel_note=dp_why, platform=platform)
     if not fit.fits:
         return report
     runner = StepRunner(step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab,
                         valid_vocab=vocab, mesh=mesh, backend=backend, num_pages=fit.pages,
                         token_buckets=engine.token_buckets(step_tokens), decode_rows=pow2_buckets(1, max_batch),
                         ragged_rows=engine.ragged_rows(max_batch),
-                        verify_buckets=engine.verify_buckets(step_tokens, "tpu") if speculative == "ngram" else (),
+                        verify_buckets=engine.verify_buckets(step_tokens, runtime) if speculative == "ngram" else (),
                         abstract_arrays=True)
     keys = runner.program_keys()
     report.total_programs = len(keys)
@@ -204,8 +219,8 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     for key in keys if programs == "all" else _largest(keys):
         t0 = time.perf_counter()
         try:
-            with chips.targeting(chip):
-                runner.lower(key, "tpu")
+            with chips.targeting(chip) if platform == "tpu" else contextlib.nullcontext():
+                runner.lower(key, platform)
             status = "lowered"
         except Exception as exc:  # reported per program: the table says which failed and why
             status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
@@ -235,7 +250,7 @@ def run(args: Any, out=print) -> int:
                              max_context=args.max_context, attention=args.attention, page_size=args.page_size,
                              dtype=args.dtype, max_step_tokens=args.max_step_tokens, kv_cache_gib=args.kv_cache_gib,
                              speculative=args.speculative, programs=args.programs,
-                             data_parallel=args.data_parallel)
+                             data_parallel=args.data_parallel, platform=getattr(args, "platform", "tpu"))
     except (ValueError, OSError) as exc:
         out(f"jaxchat lower: error: {exc}")
         out(json.dumps({"programs": 0, "lowered": 0, "error": str(exc)}))
