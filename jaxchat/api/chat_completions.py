@@ -49,7 +49,7 @@ class ChatCompletions:
 
     async def _chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
         p = self.pipeline
-        run = ChatRun(p, request)  # raises before the first chunk
+        run = await ChatRun.start(p, request)  # raises before the first chunk
         factory = shapes.ChunkFactory(p.model_id, request.include_usage)
         custom = CustomCalls(shapes.custom_tool_names(request.constraint.tools))
         completion_tokens, reasoning_tokens, cached_tokens = 0, 0, 0
