@@ -384,8 +384,10 @@ def _calls_both(service, body: dict) -> list[dict]:
     for chunk in chunks:
         for delta_call in (ch["delta"].get("tool_calls") or [] for ch in chunk["choices"]):
             for part in delta_call:
-                if part.get("type") == "custom":
-                    streamed[part["index"]] = {"type": "custom", "custom": part["custom"]}
+                if part.get("type") == "custom":  # a custom call opens, then its input streams in pieces
+                    streamed[part["index"]] = {"type": "custom", "custom": dict(part["custom"])}
+                elif "custom" in part:
+                    streamed[part["index"]]["custom"]["input"] += part["custom"]["input"]
                 elif "id" in part:
                     streamed[part["index"]] = {"type": "function", "function": dict(part["function"])}
                 else:
@@ -437,7 +439,9 @@ def test_custom_tools_through_the_openai_sdk(services):
         _check_call({"type": "custom", "custom": {"name": "call", "input": call.custom.input}})
         streamed = [tc for chunk in client.chat.completions.create(**ask, stream=True)
                     for ch in chunk.choices for tc in ch.delta.tool_calls or []]
-        assert [tc.model_extra["custom"]["input"] for tc in streamed] == [call.custom.input]
+        assert streamed[0].type == "custom" and streamed[0].model_extra["custom"]["name"] == "call"
+        assert {tc.index for tc in streamed} == {0}
+        assert "".join(tc.model_extra["custom"]["input"] for tc in streamed) == call.custom.input
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(**{**ask, "tools": [_custom("call", "lark", "start: (")]})
         assert err.value.body["param"] == "tools[0].custom.format.grammar.definition"
@@ -452,9 +456,10 @@ def test_custom_tools_through_the_openai_sdk(services):
         response = client.responses.create(**rask)
         item = response.output[-1]
         assert item.type == "custom_tool_call" and item.name == "call" and item.input == call.custom.input
-        done = [e for e in client.responses.create(**rask, stream=True)
-                if e.type == "response.custom_tool_call_input.done"]
+        events = list(client.responses.create(**rask, stream=True))
+        done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
         assert [e.input for e in done] == [item.input]
+        assert "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta") == item.input
         follow = client.responses.create(**{**rask, "tool_choice": "auto", "input": [
             {"role": "user", "content": "Use a tool."},
             {"type": "custom_tool_call", "call_id": item.call_id, "name": "call", "input": item.input},
