@@ -17,7 +17,8 @@ OpenAI-compatible server (a running `llama-server`, vLLM, SGLang) with the same 
 levels, unconstrained, once jaxchat's server has stopped, and prints jaxchat / peer per level (tokens/s and
 TTFT p50). Both modes use the same messages;
 in `json` mode the prompts are token for token the same. A constraint ends a request early when
-its grammar completes, so the table also shows the mean tokens per request of each mode.
+its grammar completes, so the table also shows the mean tokens per request of each mode; under `mix` it
+breaks the constrained level down by family (tokens per request, TTFT, the time to the first chunk, TPOT).
 
 Writes `serve.json` (config, per-level figures, ratios) and `serve.png` into `--out`.
 
@@ -68,6 +69,7 @@ NOTE_TOOL = {
 
 
 # `--constraint mix`: request i takes MIX[i % 5], one of each structured-output family (issue 51)
+MIX_FAMILIES = ("regex", "choice", "ebnf", "json", "tools")
 MIX = (
     {"structured_outputs": {"regex": r"[A-Z][a-z]{2,12}( [a-z]{1,12}){8,200}\."}},
     {"guided_choice": ["The robot painted the sunrise over the sea, slowly, in thin layers of orange and gold.",
@@ -81,9 +83,12 @@ MIX = (
 _mixed = itertools.count()
 
 
-def request_fields(fields: dict) -> dict:
-    """A request's constraint fields: `fields`, or under `mix` the next family's."""
-    return MIX[next(_mixed) % len(MIX)] if fields.get("mix") else fields
+def request_fields(fields: dict) -> tuple[str, dict]:
+    """A request's (family, constraint fields): `fields`, or under `mix` the next family's."""
+    if fields.get("mix"):
+        i = next(_mixed) % len(MIX)
+        return MIX_FAMILIES[i], MIX[i]
+    return "", fields
 
 
 def constraint_fields(kind: str) -> dict:
@@ -102,6 +107,8 @@ class Sample:
     ttft: float
     tpot: float | None
     tokens: int
+    family: str = ""  # under `mix`: which structured-output family the request was
+    first_chunk: float = 0.0  # request sent -> the first chunk (the role chunk, sent once the request is admitted)
 
 
 @dataclass
@@ -127,7 +134,19 @@ class Level:
             "mean_tokens_per_request": self.output_tokens / max(1, len(self.samples)),
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
             "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+            "first_chunk_p99_s": pct([s.first_chunk for s in self.samples], 99),
+            "families": {f: _family(self.samples, f, pct) for f in sorted({s.family for s in self.samples} - {""})},
         }
+
+
+def _family(samples: list[Sample], family: str, pct) -> dict:
+    """One family's figures within a mixed level: how long its requests are and where its first token comes."""
+    mine = [s for s in samples if s.family == family]
+    ttft = [s.ttft for s in mine]
+    return {"requests": len(mine), "mean_tokens_per_request": sum(s.tokens for s in mine) / max(1, len(mine)),
+            "ttft_p50_s": pct(ttft, 50), "ttft_max_s": max(ttft, default=float("nan")),
+            "first_chunk_max_s": max((s.first_chunk for s in mine), default=float("nan")),
+            "tpot_p50_s": pct([s.tpot for s in mine if s.tpot is not None], 50)}
 
 
 # ---- the server ---------------------------------------------------------------------------------------
@@ -182,14 +201,16 @@ def stop_server(proc: subprocess.Popen) -> int | None:
 
 async def one_request(client, model: str, fields: dict, max_tokens: int) -> Sample:
     t0 = time.perf_counter()
-    first = last = None
+    first = last = opened = None
     tokens = 0
+    family, extra = request_fields(fields)
     stream = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **request_fields(fields)},
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **extra},
     )
     async for chunk in stream:
         now = time.perf_counter()
+        opened = opened or now
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
         for choice in chunk.choices:
@@ -202,7 +223,7 @@ async def one_request(client, model: str, fields: dict, max_tokens: int) -> Samp
     if first is None:
         raise RuntimeError("a request streamed no text")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else None
-    return Sample(first - t0, tpot, tokens)
+    return Sample(first - t0, tpot, tokens, family, opened - t0)
 
 
 async def run_level(client, model: str, level: Level, fields: dict, max_tokens: int, bar) -> None:
@@ -262,6 +283,14 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
         lines.append(f"{s['mode']:<14}{s['concurrency']:>5}{s['requests']:>6}{s['mean_tokens_per_request']:>8.1f}"
                      f"{s['output_tokens_per_s']:>9.2f}{s['ttft_p50_s']:>9.2f}s{s['ttft_p99_s']:>9.2f}s"
                      f"{s['tpot_p50_s'] * 1e3:>8.0f}ms{s['tpot_p99_s'] * 1e3:>8.0f}ms")
+    for s in summaries:
+        if s.get("families"):
+            lines.append(f"  {s['mode']} c={s['concurrency']} by family (first chunk: the role chunk, sent once "
+                         f"the request is admitted; p99 over all {s['first_chunk_p99_s']:.2f}s):")
+            for name, f in s["families"].items():
+                lines.append(f"    {name:<8}{f['requests']:>4} reqs {f['mean_tokens_per_request']:>6.1f} tok/req  "
+                             f"TTFT p50 {f['ttft_p50_s']:.2f}s max {f['ttft_max_s']:.2f}s  first chunk max "
+                             f"{f['first_chunk_max_s']:.2f}s  TPOT p50 {f['tpot_p50_s'] * 1e3:.0f}ms")
     ratios = []
     lines.append("")
     lines.append(f"constrained ({constraint}) / unconstrained, per concurrency (target >= 0.95):")
