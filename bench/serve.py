@@ -18,7 +18,9 @@ levels, unconstrained, once jaxchat's server has stopped, and prints jaxchat / p
 TTFT p50). Both modes use the same messages;
 in `json` mode the prompts are token for token the same. A constraint ends a request early when
 its grammar completes, so the table also shows the mean tokens per request of each mode; under `mix` it
-breaks the constrained level down by family (tokens per request, TTFT, the time to the first chunk, TPOT).
+breaks the constrained level down by family (tokens per request, TTFT, the time to the first chunk, TPOT), and
+runs a third level, `matched`: the same requests unconstrained, each as long as its family's constrained ones
+were (greedy: a family always writes as many tokens), so mix / matched compares equal work.
 
 Writes `serve.json` (config, per-level figures, ratios) and `serve.png` into `--out`.
 
@@ -84,10 +86,11 @@ _mixed = itertools.count()
 
 
 def request_fields(fields: dict) -> tuple[str, dict]:
-    """A request's (family, constraint fields): `fields`, or under `mix` the next family's."""
-    if fields.get("mix"):
+    """A request's (family, constraint fields): `fields`, or under `mix` the next family's (under `matched`, the
+    next family's name and no constraint: the unconstrained request of that family's length)."""
+    if fields.get("mix") or fields.get("matched"):
         i = next(_mixed) % len(MIX)
-        return MIX_FAMILIES[i], MIX[i]
+        return MIX_FAMILIES[i], {} if fields.get("matched") else MIX[i]
     return "", fields
 
 
@@ -204,6 +207,8 @@ async def one_request(client, model: str, fields: dict, max_tokens: int) -> Samp
     first = last = opened = None
     tokens = 0
     family, extra = request_fields(fields)
+    if fields.get("matched"):  # as many tokens as the constrained requests of its family wrote
+        max_tokens = fields["matched"][family]
     stream = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **extra},
@@ -265,11 +270,21 @@ async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[
     for c in args.concurrency:
         n = args.requests_per_level or max(4, 2 * c)
         levels += [Level(m, c, n) for m in modes]
-    with tqdm(total=sum(lv.requests for lv in levels), unit="req", desc="serve bench") as bar:
+    matched = args.constraint == "mix" and "unconstrained" in modes
+    total = sum(lv.requests for lv in levels) * (1.5 if matched else 1)
+    with tqdm(total=int(total), unit="req", desc="serve bench") as bar:
         for level in levels:
             bar.set_postfix_str(f"{level.mode} c={level.concurrency}")
             fields = mode_fields[level.mode]
             await run_level(client, model, level, fields, args.max_tokens, bar)
+        if matched:  # unconstrained again, each request as long as its family's constrained ones were
+            for mixed in [lv for lv in levels if lv.mode == "mix"]:
+                lengths = {f: max(1, round(v["mean_tokens_per_request"]))
+                           for f, v in mixed.summary()["families"].items()}
+                level = Level("matched", mixed.concurrency, mixed.requests)
+                bar.set_postfix_str(f"matched c={level.concurrency}")
+                await run_level(client, model, level, {"matched": lengths}, args.max_tokens, bar)
+                levels.append(level)
     await client.close()
     return model, levels
 
@@ -304,6 +319,19 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
         ok = "ok" if r["tokens_per_s"] >= 0.95 else "BELOW TARGET"
         lines.append(f"  c={c:<3} tokens/s ratio {r['tokens_per_s']:.3f} ({ok}); "
                      f"per-token speed ratio (TPOT p50 unconstrained / constrained) {r['tpot_p50']:.3f}")
+    if ("matched", min(s["concurrency"] for s in summaries)) in by:
+        lines.append("")
+        lines.append("mix / matched (unconstrained, each request as long as its family's constrained ones), per "
+                     "concurrency (target >= 0.95):")
+        for c in sorted({s["concurrency"] for s in summaries}):
+            u, k = by[("matched", c)], by[(constraint, c)]
+            r = {"concurrency": c, "matched_tokens_per_s": k["output_tokens_per_s"] / u["output_tokens_per_s"],
+                 "matched_tpot_p50": u["tpot_p50_s"] / k["tpot_p50_s"],
+                 "matched_ttft_p99": k["ttft_p99_s"] / u["ttft_p99_s"]}
+            ratios.append(r)
+            ok = "ok" if r["matched_tokens_per_s"] >= 0.95 else "BELOW TARGET"
+            lines.append(f"  c={c:<3} tokens/s ratio {r['matched_tokens_per_s']:.3f} ({ok}); per-token speed ratio "
+                         f"{r['matched_tpot_p50']:.3f}; TTFT p99 mix / matched {r['matched_ttft_p99']:.2f}")
     if ("peer", min(s["concurrency"] for s in summaries)) in by:
         lines.append("")
         lines.append("jaxchat / peer (the same client and load, unconstrained), per concurrency:")

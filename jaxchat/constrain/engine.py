@@ -176,7 +176,7 @@ class GrammarEngine:
     def _run(self, key: str, future: Future) -> None:
         try:
             result = self.compiler.compile_structural_tag(key)
-        except RuntimeError as exc:  # xgrammar's own errors: cached like grammars (by content)
+        except (RuntimeError, ValueError) as exc:  # xgrammar's own errors: cached like grammars (by content)
             result = GrammarError(compiler_message(exc))
         except BaseException as exc:  # noqa: BLE001 - handed to the waiters, not cached
             with self._lock:
