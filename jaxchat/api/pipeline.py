@@ -217,8 +217,9 @@ class ChatPipeline:
         `spec`, the model's by default) on the grammar engine's threads, so the event loop keeps serving while they
         compile (each bounded by the engine's time limit) and the synchronous steps after it find them cached.
         Raises nothing: what cannot be compiled is cached as such, and those steps raise their 400s in order."""
-        if self.grammar is None:
-            return
+        if self.grammar is None or not (constraint.tools or constraint.output is not None
+                                        or constraint.response_format != "text"):
+            return  # nothing to compile (`chat_structural_tag` is None): no thread hop
         try:
             tags = await asyncio.to_thread(self.grammar.request_tags, spec or self.spec, constraint, self.tools_enabled)
         except Exception:  # noqa: BLE001 - raised again, in its place, by prepare_chat / constraint
