@@ -17,7 +17,10 @@ OpenAI-compatible server (a running `llama-server`, vLLM, SGLang) with the same 
 levels, unconstrained, once jaxchat's server has stopped, and prints jaxchat / peer per level (tokens/s and
 TTFT p50). Both modes use the same messages;
 in `json` mode the prompts are token for token the same. A constraint ends a request early when
-its grammar completes, so the table also shows the mean tokens per request of each mode.
+its grammar completes, so the table also shows the mean tokens per request of each mode; under `mix` it
+breaks the constrained level down by family (tokens per request, TTFT, the time to the first chunk, TPOT), and
+runs a third level, `matched`: the same requests unconstrained, each as long as its family's constrained ones
+were (greedy: a family always writes as many tokens), so mix / matched compares equal work.
 
 Writes `serve.json` (config, per-level figures, ratios) and `serve.png` into `--out`.
 
@@ -68,6 +71,7 @@ NOTE_TOOL = {
 
 
 # `--constraint mix`: request i takes MIX[i % 5], one of each structured-output family (issue 51)
+MIX_FAMILIES = ("regex", "choice", "ebnf", "json", "tools")
 MIX = (
     {"structured_outputs": {"regex": r"[A-Z][a-z]{2,12}( [a-z]{1,12}){8,200}\."}},
     {"guided_choice": ["The robot painted the sunrise over the sea, slowly, in thin layers of orange and gold.",
@@ -81,9 +85,13 @@ MIX = (
 _mixed = itertools.count()
 
 
-def request_fields(fields: dict) -> dict:
-    """A request's constraint fields: `fields`, or under `mix` the next family's."""
-    return MIX[next(_mixed) % len(MIX)] if fields.get("mix") else fields
+def request_fields(fields: dict) -> tuple[str, dict]:
+    """A request's (family, constraint fields): `fields`, or under `mix` the next family's (under `matched`, the
+    next family's name and no constraint: the unconstrained request of that family's length)."""
+    if fields.get("mix") or fields.get("matched"):
+        i = next(_mixed) % len(MIX)
+        return MIX_FAMILIES[i], {} if fields.get("matched") else MIX[i]
+    return "", fields
 
 
 def constraint_fields(kind: str) -> dict:
@@ -102,6 +110,8 @@ class Sample:
     ttft: float
     tpot: float | None
     tokens: int
+    family: str = ""  # under `mix`: which structured-output family the request was
+    first_chunk: float = 0.0  # request sent -> the first chunk (the role chunk, sent once the request is admitted)
 
 
 @dataclass
@@ -127,7 +137,19 @@ class Level:
             "mean_tokens_per_request": self.output_tokens / max(1, len(self.samples)),
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
             "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+            "first_chunk_p99_s": pct([s.first_chunk for s in self.samples], 99),
+            "families": {f: _family(self.samples, f, pct) for f in sorted({s.family for s in self.samples} - {""})},
         }
+
+
+def _family(samples: list[Sample], family: str, pct) -> dict:
+    """One family's figures within a mixed level: how long its requests are and where its first token comes."""
+    mine = [s for s in samples if s.family == family]
+    ttft = [s.ttft for s in mine]
+    return {"requests": len(mine), "mean_tokens_per_request": sum(s.tokens for s in mine) / max(1, len(mine)),
+            "ttft_p50_s": pct(ttft, 50), "ttft_max_s": max(ttft, default=float("nan")),
+            "first_chunk_max_s": max((s.first_chunk for s in mine), default=float("nan")),
+            "tpot_p50_s": pct([s.tpot for s in mine if s.tpot is not None], 50)}
 
 
 # ---- the server ---------------------------------------------------------------------------------------
@@ -182,14 +204,18 @@ def stop_server(proc: subprocess.Popen) -> int | None:
 
 async def one_request(client, model: str, fields: dict, max_tokens: int) -> Sample:
     t0 = time.perf_counter()
-    first = last = None
+    first = last = opened = None
     tokens = 0
+    family, extra = request_fields(fields)
+    if fields.get("matched"):  # as many tokens as the constrained requests of its family wrote
+        max_tokens = fields["matched"][family]
     stream = await client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **request_fields(fields)},
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True, **extra},
     )
     async for chunk in stream:
         now = time.perf_counter()
+        opened = opened or now
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
         for choice in chunk.choices:
@@ -202,7 +228,7 @@ async def one_request(client, model: str, fields: dict, max_tokens: int) -> Samp
     if first is None:
         raise RuntimeError("a request streamed no text")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else None
-    return Sample(first - t0, tpot, tokens)
+    return Sample(first - t0, tpot, tokens, family, opened - t0)
 
 
 async def run_level(client, model: str, level: Level, fields: dict, max_tokens: int, bar) -> None:
@@ -244,11 +270,21 @@ async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[
     for c in args.concurrency:
         n = args.requests_per_level or max(4, 2 * c)
         levels += [Level(m, c, n) for m in modes]
-    with tqdm(total=sum(lv.requests for lv in levels), unit="req", desc="serve bench") as bar:
+    matched = args.constraint == "mix" and "unconstrained" in modes
+    total = sum(lv.requests for lv in levels) * (1.5 if matched else 1)
+    with tqdm(total=int(total), unit="req", desc="serve bench") as bar:
         for level in levels:
             bar.set_postfix_str(f"{level.mode} c={level.concurrency}")
             fields = mode_fields[level.mode]
             await run_level(client, model, level, fields, args.max_tokens, bar)
+        if matched:  # unconstrained again, each request as long as its family's constrained ones were
+            for mixed in [lv for lv in levels if lv.mode == "mix"]:
+                lengths = {f: max(1, round(v["mean_tokens_per_request"]))
+                           for f, v in mixed.summary()["families"].items()}
+                level = Level("matched", mixed.concurrency, mixed.requests)
+                bar.set_postfix_str(f"matched c={level.concurrency}")
+                await run_level(client, model, level, {"matched": lengths}, args.max_tokens, bar)
+                levels.append(level)
     await client.close()
     return model, levels
 
@@ -262,6 +298,14 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
         lines.append(f"{s['mode']:<14}{s['concurrency']:>5}{s['requests']:>6}{s['mean_tokens_per_request']:>8.1f}"
                      f"{s['output_tokens_per_s']:>9.2f}{s['ttft_p50_s']:>9.2f}s{s['ttft_p99_s']:>9.2f}s"
                      f"{s['tpot_p50_s'] * 1e3:>8.0f}ms{s['tpot_p99_s'] * 1e3:>8.0f}ms")
+    for s in summaries:
+        if s.get("families"):
+            lines.append(f"  {s['mode']} c={s['concurrency']} by family (first chunk: the role chunk, sent once "
+                         f"the request is admitted; p99 over all {s['first_chunk_p99_s']:.2f}s):")
+            for name, f in s["families"].items():
+                lines.append(f"    {name:<8}{f['requests']:>4} reqs {f['mean_tokens_per_request']:>6.1f} tok/req  "
+                             f"TTFT p50 {f['ttft_p50_s']:.2f}s max {f['ttft_max_s']:.2f}s  first chunk max "
+                             f"{f['first_chunk_max_s']:.2f}s  TPOT p50 {f['tpot_p50_s'] * 1e3:.0f}ms")
     ratios = []
     lines.append("")
     lines.append(f"constrained ({constraint}) / unconstrained, per concurrency (target >= 0.95):")
@@ -275,6 +319,19 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
         ok = "ok" if r["tokens_per_s"] >= 0.95 else "BELOW TARGET"
         lines.append(f"  c={c:<3} tokens/s ratio {r['tokens_per_s']:.3f} ({ok}); "
                      f"per-token speed ratio (TPOT p50 unconstrained / constrained) {r['tpot_p50']:.3f}")
+    if ("matched", min(s["concurrency"] for s in summaries)) in by:
+        lines.append("")
+        lines.append("mix / matched (unconstrained, each request as long as its family's constrained ones), per "
+                     "concurrency (target >= 0.95):")
+        for c in sorted({s["concurrency"] for s in summaries}):
+            u, k = by[("matched", c)], by[(constraint, c)]
+            r = {"concurrency": c, "matched_tokens_per_s": k["output_tokens_per_s"] / u["output_tokens_per_s"],
+                 "matched_tpot_p50": u["tpot_p50_s"] / k["tpot_p50_s"],
+                 "matched_ttft_p99": k["ttft_p99_s"] / u["ttft_p99_s"]}
+            ratios.append(r)
+            ok = "ok" if r["matched_tokens_per_s"] >= 0.95 else "BELOW TARGET"
+            lines.append(f"  c={c:<3} tokens/s ratio {r['matched_tokens_per_s']:.3f} ({ok}); per-token speed ratio "
+                         f"{r['matched_tpot_p50']:.3f}; TTFT p99 mix / matched {r['matched_ttft_p99']:.2f}")
     if ("peer", min(s["concurrency"] for s in summaries)) in by:
         lines.append("")
         lines.append("jaxchat / peer (the same client and load, unconstrained), per concurrency:")

@@ -6,8 +6,8 @@ Contract: `ChatCompletions(pipeline)` serves OpenAI chat completions on a `ChatP
 `chat_completion_stream(request)` returns a `ChunkStream` of `chat.completion.chunk` dicts written from
 the `ChatRun`'s parser deltas (a role chunk per choice, the deltas, a finish chunk per choice, and a
 usage chunk only with `include_usage`), whose `usage` is set when the response is complete; a custom tool's
-call (`{"type": "custom", "custom": {"name", "input"}}`) is sent whole before its choice's finish chunk
-(`CustomCalls`), and is written so in the plain reply too; errors
+call (`{"type": "custom", "custom": {"name", "input"}}`) streams its input in pieces as its arguments stream
+(`CustomCalls`), and is written whole so in the plain reply; errors
 found before the first chunk are raised on the first `__anext__()`, a failure after it is one error
 chunk that ends the stream; closing it early aborts its engine requests.
 """
@@ -49,7 +49,7 @@ class ChatCompletions:
 
     async def _chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
         p = self.pipeline
-        run = ChatRun(p, request)  # raises before the first chunk
+        run = await ChatRun.start(p, request)  # raises before the first chunk
         factory = shapes.ChunkFactory(p.model_id, request.include_usage)
         custom = CustomCalls(shapes.custom_tool_names(request.constraint.tools))
         completion_tokens, reasoning_tokens, cached_tokens = 0, 0, 0
@@ -59,15 +59,14 @@ class ChatCompletions:
             async for update in run.updates():
                 logprobs = shapes.logprobs_json(p.tokenizer, update.logprobs)
                 for delta in custom.pass_through(update.index, update.deltas):
-                    yield factory.delta(update.index, shapes.delta_json(delta), logprobs=logprobs)
+                    yield factory.delta(update.index, delta, logprobs=logprobs)
                     logprobs = None
                 if update.failed:
                     yield shapes.generation_failed()
                     return
                 if update.finished:
-                    kept = custom.finish(update.index)
-                    if kept:
-                        yield factory.delta(update.index, {"tool_calls": kept})
+                    for delta in custom.finish(update.index):
+                        yield factory.delta(update.index, delta)
                     completion_tokens += update.num_tokens
                     reasoning_tokens += update.reasoning_tokens
                     cached_tokens = max(cached_tokens, update.cached_tokens)

@@ -2,7 +2,9 @@
 
 Contract: `ChatRun(pipeline, request)` prepares the request on the `ChatPipeline` (`prepare_chat`: every
 400 that needs the model), builds one constraint per choice and starts the engine requests, so whatever can
-be a 400 is raised by the constructor, before any output; construct it inside the event loop.
+be a 400 is raised by the constructor, before any output; construct it inside the event loop, with
+`await ChatRun.start(pipeline, request)`, which first compiles the request's grammars off the event loop
+(`ChatPipeline.compile_grammars`) so the constructor finds them cached.
 `updates()` yields one `ChoiceUpdate` per engine delta of any choice (choices interleave as the engine
 produces them): the parser's `ChatMsgDelta`s (prefixes by construction, `ChatStream`), the engine's
 logprobs for those tokens, and on a choice's last update `finished`, its finish reason (an output cut
@@ -57,6 +59,11 @@ class ChatRun:
         self.parsers = [ChatStream(pipeline.spec, prepared.options) for _ in gens]
         for parser in self.parsers:
             parser.update(prepared.prefill, False)
+
+    @classmethod
+    async def start(cls, pipeline: ChatPipeline, request: ChatRequest) -> ChatRun:
+        await pipeline.compile_grammars(request.constraint)
+        return cls(pipeline, request)
 
     @property
     def prompt_tokens(self) -> int:

@@ -8,7 +8,8 @@ chunks (each carries one choice's `index`; `n` choices interleave as the engine 
 text before each choice's text. A failure after the first chunk is one error chunk that ends the
 stream. `generate(request)` runs one choice to its end (the notebook API's `generate`). A request's
 `output` (regex, choice, grammar or JSON schema) constrains each choice's text from its first token, read as
-plain text (`ChatPipeline.output_constraint`).
+plain text (`ChatPipeline.output_constraint`), its grammar compiled off the event loop first
+(`ChatPipeline.compile_output`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class TextCompletions:
 
     async def completion(self, request: CompletionRequest) -> dict:
         p = self.pipeline
+        await p.compile_output(request.output)
         ids, sampling, echo = self._prepare(request)
         results = await asyncio.gather(*(p.collect(g) for g in self._requests(request, ids, sampling)))
         choices = [_choice(i, echo + r.text, r.finish_reason) for i, r in enumerate(results)]
@@ -61,6 +63,7 @@ class TextCompletions:
 
     async def _chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:
         p = self.pipeline
+        await p.compile_output(request.output)
         ids, sampling, echo = self._prepare(request)
         rid = shapes.new_id("cmpl")
         gens = self._requests(request, ids, sampling)
@@ -89,6 +92,7 @@ class TextCompletions:
                 task.cancel()
 
     async def generate(self, request: CompletionRequest) -> Generated:
+        await self.pipeline.compile_output(request.output)
         ids, sampling, _ = self._prepare(request)
         return await self.pipeline.collect(self._requests(replace(request, n=1), ids, sampling)[0])
 

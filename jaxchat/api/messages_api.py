@@ -40,7 +40,7 @@ class MessagesApi:
         return ChunkStream(lambda stream: self._events(request, stream))
 
     async def _events(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        run = ChatRun(self.pipeline, request)  # raises before the first event
+        run = await ChatRun.start(self.pipeline, request)  # raises before the first event
         blocks = ms.ContentBlocks()
         try:
             yield ms.message_start_event(self.pipeline.model_id, run.prompt_tokens)

@@ -9,7 +9,8 @@ turn-end token ids (`stop_token_ids`). Its public methods are the steps the wire
 tokenises a `ChatRequest` and raises every 400 that needs the model (no chat template, a template that
 refuses the messages or cannot render tools under tool_choice "required"/named, a prompt the tokenizer
 cannot encode, one that is empty or does not fit the context or the KV pool); `encode` / `checked_prompt` /
-`sampling` do the same for a completion's prompt; `check_output` refuses a structured-output field that cannot
+`sampling` do the same for a completion's prompt; `compile_grammars` compiles, off the event loop, every
+grammar that those steps and `constraint` then find cached (a server awaits it first); `check_output` refuses a structured-output field that cannot
 be enforced (400); `constraint` builds one choice's grammar constraint (a schema xgrammar cannot compile is a
 400); `requests` makes the `n` engine requests; `outputs` runs one
 (a chat request's reply that opens with a call envelope goes on in the format's own call syntax:
@@ -211,6 +212,25 @@ class ChatPipeline:
         return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
                                  "stop_token_ids": stops})
 
+    async def compile_grammars(self, constraint: ConstraintRequest, spec: ChatFormatSpec | None = None) -> None:
+        """Compile every grammar that checking and constraining a request with `constraint` needs (in the format
+        `spec`, the model's by default) on the grammar engine's threads, so the event loop keeps serving while they
+        compile (each bounded by the engine's time limit) and the synchronous steps after it find them cached.
+        Raises nothing: what cannot be compiled is cached as such, and those steps raise their 400s in order."""
+        if self.grammar is None or not (constraint.tools or constraint.output is not None
+                                        or constraint.response_format != "text"):
+            return  # nothing to compile (`chat_structural_tag` is None): no thread hop
+        try:
+            tags = await asyncio.to_thread(self.grammar.request_tags, spec or self.spec, constraint, self.tools_enabled)
+        except Exception:  # noqa: BLE001 - raised again, in its place, by prepare_chat / constraint
+            return
+        await asyncio.gather(*(self.grammar.compile_async(tag) for tag in tags), return_exceptions=True)
+
+    async def compile_output(self, output: OutputConstraint | None) -> None:
+        """`compile_grammars` for a completion's `output` (read as plain text)."""
+        if output is not None:
+            await self.compile_grammars(ConstraintRequest(output=output), PLAIN_SPEC)
+
     def check_output(self, output: OutputConstraint | None) -> None:
         """A 400 naming the field unless `output` (a structured-output field) can be enforced: it needs the grammar
         engine, and its regex, choice or grammar must compile and admit some text."""
@@ -331,6 +351,7 @@ class ChatPipeline:
 
     async def complete_chat(self, request: ChatRequest) -> tuple[PreparedChat, list[tuple[ChatMsg, str | None, Generated]]]:
         """Run every choice to its end and parse it once: (prepared, [(message, finish reason, result)])."""
+        await self.compile_grammars(request.constraint)
         prepared = self.prepare_chat(request)
         results = await asyncio.gather(*(self.collect(r, prepared) for r in self.chat_requests(prepared)))
         choices = []

@@ -44,7 +44,7 @@ class ResponsesApi:
         return ChunkStream(lambda stream: self._events(request, stream))
 
     async def _events(self, request: ResponsesRequest, stream: ChunkStream) -> AsyncIterator[dict]:
-        run = ChatRun(self.pipeline, request.chat)  # raises before the first event
+        run = await ChatRun.start(self.pipeline, request.chat)  # raises before the first event
         writer = rs.ResponseWriter(self.pipeline.model_id, request.echo,
                                    shapes.custom_tool_names(request.chat.constraint.tools))
         try:

@@ -6,8 +6,9 @@ its `type` and a `sequence_number` counted from 0: `created()` / `in_progress()`
 status "in_progress" and no output), `feed(deltas)` (items open in the order their first delta
 arrives: a `reasoning` item with one `summary_text` part, a `message` with one `output_text` part, a
 `function_call` per call with its `call_id`, `name` and `arguments`, or, for a tool named in `custom`, a
-`custom_tool_call` with its `call_id`, `name` and `input`, whose input is sent whole at its end
-(`response.custom_tool_call_input.delta` then `.done`, the input read from the whole arguments); `response.output_item.added`,
+`custom_tool_call` with its `call_id`, `name` and `input`, whose input streams as its arguments do
+(`response.custom_tool_call_input.delta` per piece, `jaxchat.api.custom_input.CustomInput`, then `.done` with the
+whole input, `custom_input` of the whole arguments); `response.output_item.added`,
 `response.content_part.added` / `response.reasoning_summary_part.added`, then the `.delta` events),
 `finish(finish_reason, usage)` (every open item's `.done` events and `response.output_item.done`,
 in output order, then `response.completed`, or `response.incomplete` with `incomplete_details.reason`
@@ -23,7 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from jaxchat.api.shapes import custom_input
+from jaxchat.api.custom_input import CustomInput
 from jaxchat.chat import ChatMsg, ChatMsgDelta, chat_compute_deltas
 
 __all__ = ["ResponseWriter", "message_deltas", "new_id", "usage"]
@@ -59,6 +60,7 @@ class ResponseWriter:
         self._reasoning: int | None = None  # output indexes of the open items
         self._message: int | None = None
         self._calls: dict[int, int] = {}  # chat tool call index -> output index
+        self._inputs: dict[int, CustomInput] = {}  # output index of a custom tool call -> its input so far
         self._seq = 0
         self.status = "in_progress"
         self.incomplete_reason: str | None = None
@@ -142,17 +144,22 @@ class ResponseWriter:
         if delta.tool_call_index not in self._calls:
             if delta.tool_call_name in self.custom:
                 item = {"id": new_id("ctc"), "type": "custom_tool_call", "call_id": delta.tool_call_id,
-                        "name": delta.tool_call_name, "input": "", "status": "in_progress", "_text": ""}
+                        "name": delta.tool_call_name, "input": "", "status": "in_progress"}
             else:
                 item = {"id": new_id("fc"), "type": "function_call", "call_id": delta.tool_call_id,
                         "name": delta.tool_call_name, "arguments": "", "status": "in_progress"}
             self._calls[delta.tool_call_index], added = self._open(item)
-            added["item"].pop("_text", None)
+            if item["type"] == "custom_tool_call":
+                self._inputs[self._calls[delta.tool_call_index]] = CustomInput()
             events.append(added)
         index = self._calls[delta.tool_call_index]
         item = self.items[index]
         if item["type"] == "custom_tool_call":
-            item["_text"] += delta.tool_call_arguments or ""
+            text = self._inputs[index].feed(delta.tool_call_arguments or "")
+            if text:
+                item["input"] += text
+                events.append(self._event("response.custom_tool_call_input.delta", item_id=item["id"],
+                                          output_index=index, delta=text))
         elif delta.tool_call_arguments:
             item["arguments"] += delta.tool_call_arguments
             events.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
@@ -185,9 +192,10 @@ class ResponseWriter:
                                   logprobs=[]),
                       self._event("response.content_part.done", **where, content_index=0, part=dict(part))]
         elif item["type"] == "custom_tool_call":
-            item["input"] = custom_input(item.pop("_text"))
-            events = [self._event("response.custom_tool_call_input.delta", **where, delta=item["input"]),
-                      self._event("response.custom_tool_call_input.done", **where, input=item["input"])]
+            rest = self._inputs.pop(index).finish()
+            item["input"] += rest
+            events = [self._event("response.custom_tool_call_input.delta", **where, delta=rest)] if rest else []
+            events.append(self._event("response.custom_tool_call_input.done", **where, input=item["input"]))
         else:
             events = [self._event("response.function_call_arguments.done", **where, name=item["name"],
                                   arguments=item["arguments"])]

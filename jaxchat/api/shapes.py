@@ -7,10 +7,10 @@ no I/O, no engine state. Every error body is `{"error": {"message", "type", "par
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
+from jaxchat.api.custom_input import custom_input
 from jaxchat.chat import ChatMsg, ChatMsgDelta
 
 
@@ -49,16 +49,6 @@ def tool_call_json(call, custom: frozenset[str] = frozenset()) -> dict:
 def custom_tool_names(tools) -> frozenset[str]:
     """The names of the custom tools among normalised `tools`."""
     return frozenset(t["function"]["name"] for t in tools if t.get("custom"))
-
-
-def custom_input(arguments: str) -> str:
-    """A custom tool call's input: the `input` string of its JSON arguments (the arguments themselves when the
-    model wrote something else, as an unconstrained decode may)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return value["input"] if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
 
 
 def message_json(msg: ChatMsg, calls_only: bool = False, custom: frozenset[str] = frozenset()) -> dict:

@@ -65,21 +65,7 @@ def parse_tools(raw: object, max_tools: int | None, max_schema_depth: int | None
             continue
         if kind is not None and kind != "function":
             raise RequestError(f"{p}.type", f"expected a 'function' or 'custom' tool, got {got(kind)}")
-        fn = tool.get("function")
-        if fn is None:
-            raise RequestError(f"{p}.function", "missing required field: the function definition")
-        expect_object(fn, f"{p}.function", "a function definition object")
-        name = expect_name(fn.get("name"), f"{p}.function.name", "function name")
-        if name in seen:
-            raise RequestError(
-                f"{p}.function.name", f"duplicate function name {name!r}: tools[{seen[name]}] already defines it"
-            )
-        seen[name] = i
-        description = fn.get("description")
-        if description is None:
-            description = ""
-        elif not isinstance(description, str):
-            raise RequestError(f"{p}.function.description", f"expected a string, got {got(description)}")
+        fn, name, description = _definition(tool, p, "function", "function", seen, i)
         out.append(
             {
                 "type": "function",
@@ -92,6 +78,25 @@ def parse_tools(raw: object, max_tools: int | None, max_schema_depth: int | None
             }
         )
     return tuple(out)
+
+
+def _definition(tool: dict, p: str, key: str, what: str, seen: dict[str, int], i: int) -> tuple[dict, str, str]:
+    """`tools[i]`'s definition object `tool[key]` ("function" or "custom"; `what` names it in messages), its name
+    (unique among the tools so far: `seen` maps names to indexes) and its description ("" when absent)."""
+    body = tool.get(key)
+    if body is None:
+        raise RequestError(f"{p}.{key}", f"missing required field: the {what} definition")
+    expect_object(body, f"{p}.{key}", f"a {what} definition object")
+    name = expect_name(body.get("name"), f"{p}.{key}.name", f"{what} name")
+    if name in seen:
+        raise RequestError(f"{p}.{key}.name", f"duplicate {what} name {name!r}: tools[{seen[name]}] already defines it")
+    seen[name] = i
+    description = body.get("description")
+    if description is None:
+        description = ""
+    elif not isinstance(description, str):
+        raise RequestError(f"{p}.{key}.description", f"expected a string, got {got(description)}")
+    return body, name, description
 
 
 CUSTOM_SYNTAXES = ("lark", "regex")
@@ -113,17 +118,7 @@ def custom_format(tool: dict) -> tuple[str, str] | None:
 def _parse_custom(tool: dict, p: str, seen: dict[str, int], i: int) -> dict:
     """An OpenAI custom tool `{"type": "custom", "custom": {name, description, format}}` as a function tool whose
     one string parameter `input` carries the input, marked `"custom": {"syntax", "definition"}`."""
-    custom = tool.get("custom")
-    if custom is None:
-        raise RequestError(f"{p}.custom", "missing required field: the custom tool definition")
-    expect_object(custom, f"{p}.custom", "a custom tool object")
-    name = expect_name(custom.get("name"), f"{p}.custom.name", "tool name")
-    if name in seen:
-        raise RequestError(f"{p}.custom.name", f"duplicate tool name {name!r}: tools[{seen[name]}] already defines it")
-    seen[name] = i
-    description = custom.get("description") or ""
-    if not isinstance(description, str):
-        raise RequestError(f"{p}.custom.description", f"expected a string, got {got(description)}")
+    custom, name, description = _definition(tool, p, "custom", "custom tool", seen, i)
     syntax, definition = "text", ""
     fmt = custom.get("format")
     if fmt is not None:

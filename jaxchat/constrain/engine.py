@@ -7,12 +7,20 @@ Contract:
   that some format's grammar matches as text (`<|call|>`, `<|return|>`, `<|end|>`) are kept out of
   xgrammar's stop list.
 - `compile(tag)` compiles a structural tag once; later calls with the same tag JSON are a dict hit (an LRU of
-  `cache_size`). A compile that takes longer than `compile_timeout_s` raises `GrammarTimeout` (a RuntimeError)
-  and is left to finish on its daemon thread; the same tag is then refused at once (no second thread).
-  xgrammar's own errors come out as `GrammarError` (a RuntimeError) carrying its message without its log prefix.
+  `cache_size`; a tag xgrammar refuses is cached too, as its error). The compile runs on a daemon thread, one
+  per tag however many requests wait for it; `compile_async(tag)` awaits it without blocking the event loop.
+  A compile that takes longer than `compile_timeout_s` raises `GrammarTimeout` (a RuntimeError) and is left
+  to finish on its thread; the same tag is then refused at once (no second thread). xgrammar's own errors come
+  out as `GrammarError` (a RuntimeError) carrying its message without its log prefix. Thread-safe.
+- `request_tags(spec, request, tools_enabled)` lists every tag that checking and constraining a request
+  compiles (what a server compiles off its event loop first, `compile_async`, so that the synchronous steps
+  after it find them cached).
+- `matches_nothing(tag)`: whether the tag's grammar admits no text at all (an empty first token mask that
+  cannot end, or a root with no finite derivation: `jaxchat.constrain.emptiness`), cached with the grammar.
 - `check_output(output)` compiles an `OutputConstraint`'s regex / choice / grammar alone and raises
   `RequestError(output.param, compiler message)` when xgrammar cannot compile it, it times out, or it admits
-  no text at all.
+  no text at all; `check_custom_tools(tools)` does the same for custom tools' grammars, naming
+  `tools[i].custom.format.grammar.definition`.
 - `make(spec, request, prefill)` returns the request's constraint (`GrammarConstraint`,
   `TokenBanConstraint` or None, see `chat_make_constraint`), already started with the prefill.
 - `accepts(spec, request, prefill, text)` feeds a whole output through the grammar byte by byte and
@@ -22,19 +30,23 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import replace
 
 import xgrammar as xgr
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError
+from jaxchat.chat.request_tools import custom_format
 from jaxchat.chat.structured import OutputConstraint
 from jaxchat.constrain.constraint import GrammarConstraint, TokenBanConstraint, token_ban_constraint
 from jaxchat.constrain.custom_tools import check_custom_tools, custom_arguments
+from jaxchat.constrain.emptiness import matches_nothing
 from jaxchat.constrain.output import compiler_message, output_format
 from jaxchat.constrain.tags import TEXT_MARKERS, chat_structural_tag, guarded_markers, text_markers
 
@@ -59,27 +71,6 @@ class GrammarError(RuntimeError):
 
 class GrammarTimeout(RuntimeError):
     """A grammar took longer than the engine's `compile_timeout_s` to compile."""
-
-
-def _compile_bounded(compile_fn, key: str, timeout_s: float):
-    """`compile_fn(key)` on a daemon thread, waited for at most `timeout_s` (GrammarTimeout past it)."""
-    box: list = []
-    done = threading.Event()
-
-    def run():
-        try:
-            box.append((True, compile_fn(key)))
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            box.append((False, exc))
-        done.set()
-
-    threading.Thread(target=run, name="grammar-compile", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise GrammarTimeout(f"grammar compilation took longer than the time limit of {timeout_s:g} s")
-    ok, value = box[0]
-    if not ok:
-        raise value
-    return value
 
 
 class GrammarEngine:
@@ -112,6 +103,9 @@ class GrammarEngine:
         self.cache_size = cache_size
         self.compile_timeout_s = compile_timeout_s
         self._timed_out: OrderedDict[str, None] = OrderedDict()  # tags past the limit: refused at once
+        self._empty: OrderedDict[str, bool] = OrderedDict()  # tag -> whether its grammar matches no text
+        self._pending: dict[str, Future] = {}  # tag -> its compile under way (one thread per tag)
+        self._lock = threading.Lock()  # the caches above: compiles finish on their own threads
         self._token_ids: dict[bytes, int] | None = None
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         log.info("Grammar engine ready in %d ms", round(self.ready_ms))
@@ -135,57 +129,145 @@ class GrammarEngine:
     # -- grammars ---------------------------------------------------------------------------------
 
     def compile(self, tag: dict):
-        """The compiled grammar of a structural tag (cached by its JSON)."""
+        """The compiled grammar of a structural tag (cached by its JSON); waits for it on this thread."""
         key = json.dumps(tag, ensure_ascii=False)
-        compiled = self._cache.get(key)
-        if compiled is None:
+        compiled = self._cached(key)
+        if compiled is not None:
+            return compiled
+        try:
+            return self._start(key).result(timeout=self.compile_timeout_s)
+        except TimeoutError:
+            raise self._timed_out_error(key) from None
+
+    async def compile_async(self, tag: dict):
+        """`compile` without blocking the event loop: the compile runs on its own thread (shared with any other
+        request for the same tag) and is awaited for at most `compile_timeout_s`."""
+        key = json.dumps(tag, ensure_ascii=False)
+        compiled = self._cached(key)
+        if compiled is not None:
+            return compiled
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._start(key)), self.compile_timeout_s)
+        except TimeoutError:
+            raise self._timed_out_error(key) from None
+
+    def _cached(self, key: str):
+        """The cached compiled grammar of `key`, or None; its cached failure or time-out raised again."""
+        with self._lock:
             if key in self._timed_out:
                 raise GrammarTimeout(f"grammar compilation took longer than the time limit of {self.compile_timeout_s:g} s")
-            try:
-                compiled = _compile_bounded(self.compiler.compile_structural_tag, key, self.compile_timeout_s)
-            except GrammarTimeout:
-                self._timed_out[key] = None
-                while len(self._timed_out) > self.cache_size:
-                    del self._timed_out[next(iter(self._timed_out))]
-                raise
-            except RuntimeError as exc:
-                raise GrammarError(compiler_message(exc)) from exc
-            self._cache[key] = compiled
-            while len(self._cache) > self.cache_size:  # least recently used first
-                del self._cache[next(iter(self._cache))]
-        else:
-            self._cache.move_to_end(key)
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+        if isinstance(compiled, GrammarError):
+            raise GrammarError(str(compiled))
         return compiled
+
+    def _start(self, key: str) -> Future:
+        """The compile of `key` under way, started on a daemon thread unless one runs already."""
+        with self._lock:
+            future = self._pending.get(key)
+            if future is None:
+                future = self._pending[key] = Future()
+                future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it for the others
+                threading.Thread(target=self._run, args=(key, future), name="grammar-compile", daemon=True).start()
+        return future
+
+    def _run(self, key: str, future: Future) -> None:
+        try:
+            result = self.compiler.compile_structural_tag(key)
+        except (RuntimeError, ValueError) as exc:  # xgrammar's own errors: cached like grammars (by content)
+            result = GrammarError(compiler_message(exc))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiters, not cached
+            with self._lock:
+                self._pending.pop(key, None)
+            future.set_exception(exc)
+            return
+        with self._lock:
+            self._pending.pop(key, None)
+            if key not in self._timed_out:
+                self._cache[key] = result
+                while len(self._cache) > self.cache_size:  # least recently used first
+                    del self._cache[next(iter(self._cache))]
+        if isinstance(result, GrammarError):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    def _timed_out_error(self, key: str) -> GrammarTimeout:
+        """Remember `key` as past the limit (refused at once from now on) and return the error to raise."""
+        with self._lock:
+            self._timed_out[key] = None
+            while len(self._timed_out) > self.cache_size:
+                del self._timed_out[next(iter(self._timed_out))]
+        return GrammarTimeout(f"grammar compilation took longer than the time limit of {self.compile_timeout_s:g} s")
+
+    def matches_nothing(self, tag: dict) -> bool:
+        """Whether the (compiled, cached) grammar of `tag` admits no text at all: neither its first token mask
+        nor its end allows anything, or its root has no finite derivation (`emptiness`). Cached with it."""
+        key = json.dumps(tag, ensure_ascii=False)
+        with self._lock:
+            verdict = self._empty.get(key)
+        if verdict is not None:
+            return verdict
+        compiled = self.compile(tag)
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(mask)
+        verdict = (not matcher.is_terminated() and not mask.any()) or matches_nothing(compiled.grammar)
+        with self._lock:
+            self._empty[key] = verdict
+            while len(self._empty) > self.cache_size:
+                del self._empty[next(iter(self._empty))]
+        return verdict
+
+    def request_tags(self, spec: ChatFormatSpec, request: ConstraintRequest, tools_enabled: bool = True) -> list[dict]:
+        """Every structural tag that checking and constraining `request` compiles: its output field's, its custom
+        tools' arguments, its chat tag (and the one that allows reasoning). Raises what `chat_structural_tag` raises."""
+        tags = []
+        fmt = output_format(request.output) if request.output is not None else None
+        if fmt is not None:
+            tags.append({"type": "structural_tag", "format": fmt})
+        if tools_enabled:
+            tags += [{"type": "structural_tag", "format": g} for t in request.tools
+                     if (g := custom_arguments(t)) is not None]
+        tag = chat_structural_tag(spec, request, tools_enabled)
+        if tag is not None:
+            tags.append(tag)
+            if spec.reasoning and spec.reasoning_start and not request.allow_reasoning:
+                with_reasoning = chat_structural_tag(spec, replace(request, allow_reasoning=True), tools_enabled)
+                if with_reasoning is not None:
+                    tags.append(with_reasoning)
+        return list({json.dumps(t, ensure_ascii=False): t for t in tags}.values())
 
     def check_output(self, output: OutputConstraint) -> None:
         """A 400 naming `output.param` unless its regex / choice / grammar compiles and admits some text."""
         fmt = output_format(output)
         if fmt is None:
             return
+        tag = {"type": "structural_tag", "format": fmt}
         try:
-            compiled = self.compile({"type": "structural_tag", "format": fmt})
+            empty = self.matches_nothing(tag)
         except GrammarTimeout as exc:
             raise RequestError(output.param, f"the {output.kind} cannot be used: {exc}") from None
         except (RuntimeError, ValueError) as exc:
             raise RequestError(output.param, f"the {output.kind} does not compile: {exc}") from None
-        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
-        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
-        matcher.fill_next_token_bitmask(mask)
-        if not matcher.is_terminated() and not mask.any():
+        if empty:
             raise RequestError(output.param, f"the {output.kind} matches no text at all")
 
     def check_custom_tools(self, tools) -> None:
         """A 400 naming the definition of the first custom tool whose grammar cannot be converted or compiled."""
         check_custom_tools(tools)
-        for tool in tools:
+        for i, tool in enumerate(tools):
             grammar = custom_arguments(tool)
             if grammar is not None:
+                param = f"tools[{i}].custom.format.grammar.definition"
                 try:
-                    self.compile({"type": "structural_tag", "format": grammar})
+                    empty = self.matches_nothing({"type": "structural_tag", "format": grammar})
                 except RuntimeError as exc:
-                    i = tools.index(tool)
-                    raise RequestError(f"tools[{i}].custom.format.grammar.definition",
-                                       f"the grammar cannot be used: {exc}") from None
+                    raise RequestError(param, f"the grammar cannot be used: {exc}") from None
+                if empty:
+                    raise RequestError(param, f"the {custom_format(tool)[0]} grammar matches no text at all")
 
     def _stops_for(self, spec: ChatFormatSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(xgrammar stop ids for this format, stop ids the grammar matches as text)."""

@@ -1,8 +1,9 @@
 """EBNF for Python-style tool calls (LFM2: `[get_weather(city="Paris", days=3)]`), typed from JSON schemas.
 
-Contract: `python_calls_grammar(tools, single)` returns an EBNF grammar (root rule `root`) for the
+Contract: `python_calls_grammar(tools, single, arguments=None)` returns an EBNF grammar (root rule `root`) for the
 inside of an LFM2 call list: one call when `single`, else calls separated by `, `; `tools` is a
-list of (name, parameters schema). All argument lists and nested dicts come from ONE helper,
+list of (name, parameters schema); `arguments` gives the ready rules of a tool's argument list instead (a custom
+tool's input, `jaxchat.constrain.custom_tools.python_arguments`). All argument lists and nested dicts come from ONE helper,
 `argument_list_rules()`: required properties required, optional ones skippable, none twice,
 values typed from the schema; a call's keyword arguments in any order (exact up to
 `any_order.MAX_ANY_ORDER` of them, any order within groups of that many above), a nested dict's
@@ -168,14 +169,20 @@ def argument_list_rules(rules: _Rules, schema: dict, name: str, key_rule, group_
     return start
 
 
-def python_calls_grammar(tools: list[tuple[str, dict]], single: bool) -> str:
-    """EBNF for the calls inside `[...]` of an LFM2 tool-call block."""
+def python_calls_grammar(tools: list[tuple[str, dict]], single: bool,
+                         arguments: dict[str, tuple[str, str]] | None = None) -> str:
+    """EBNF for the calls inside `[...]` of an LFM2 tool-call block; `arguments` maps a tool's name to the
+    `(rule, rules)` that spell its whole argument list instead of its schema (a custom tool's input)."""
     rules = _Rules()
     calls = []
     for name, schema in tools:
         rules.defs = {**(schema.get("$defs") or {}), **(schema.get("definitions") or {})}
         rule = rules.new(name)
-        args = argument_list_rules(rules, schema, rule, _kwarg_key, MAX_ANY_ORDER)
+        if arguments and name in arguments:
+            args, text = arguments[name]
+            rules.lines.extend(text.splitlines())
+        else:
+            args = argument_list_rules(rules, schema, rule, _kwarg_key, MAX_ANY_ORDER)
         calls.append(rules.add(rule, json.dumps(name + "(") + f" {args} " + '")"'))
     call = " | ".join(calls)
     root = f"root ::= ({call})" + ("" if single else f" (sep ({call}))*")

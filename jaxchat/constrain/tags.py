@@ -28,9 +28,9 @@ required one present, no other one (`jaxchat.constrain.objects.any_order_argumen
 pyargs for LFM2): exact up to `any_order.MAX_ANY_ORDER` properties, any order within groups of that
 many above, the declared order where the schema allows extra properties or constrains which key sets
 are valid; nested objects and the response_format's JSON keep the declared order. A custom tool with a Lark
-or regex grammar has the arguments `{"input": "..."}` with its grammar inside the string
-(`jaxchat.constrain.custom_tools`), or in qwen_xml the raw input as its one parameter; in gemma4's and LFM2's
-syntaxes it is a RequestError. JSON arguments and
+or regex grammar has its input under its grammar (`jaxchat.constrain.custom_tools`): the arguments
+`{"input": "..."}` with the grammar inside the JSON string, the raw input as its one parameter in qwen_xml, a
+verbatim `<|"|>` string in gemma4, `input="..."` in LFM2's Python calls. JSON arguments and
 content are bounded: integers and numbers to 16 integer digits (via a schema range; xgrammar then
 allows 6 fraction digits), whitespace runs to `MAX_WS` characters. A strict json_schema response_format
 with no callable tools is written compact instead (keys in the declared order, no whitespace between
@@ -50,7 +50,7 @@ import re
 import xgrammar as xgr
 
 from jaxchat.chat import ChatFormatSpec, ConstraintRequest, RequestError, call_envelopes_on, native_call_opening
-from jaxchat.constrain.custom_tools import custom_arguments
+from jaxchat.constrain.custom_tools import custom_arguments, python_arguments
 from jaxchat.constrain.objects import any_order_arguments
 from jaxchat.constrain.output import output_format
 from jaxchat.constrain.pyargs import python_calls_grammar
@@ -185,11 +185,8 @@ def _cached_arguments(params_json: str, style: str, markers: tuple[str, ...], ma
 
 
 def _tool_arguments(spec: ChatFormatSpec, tool: dict, style: str = "json", max_ws: int = MAX_WS) -> dict:
-    """A tool's arguments (`_arguments`); a custom tool with a grammar: `{"input": ...}` of its grammar
-    (`custom_tools`), which only the JSON argument styles carry."""
-    if style not in ("json", "qwen_xml") or spec.kind == "lfm2":
-        if custom_arguments(tool) is not None:
-            raise RequestError("tools", f"custom tools with a grammar are not supported in the {spec.kind} chat format")
+    """A tool's arguments (`_arguments`); a custom tool with a grammar: its input under its grammar in the
+    argument style (`custom_tools`)."""
     custom = custom_arguments(tool, style)
     return _arguments(spec, _params(tool), style, max_ws) if custom is None else custom
 
@@ -234,9 +231,9 @@ def _calls(spec: ChatFormatSpec, tools, at_least_one: bool, single: bool, exclud
         arguments = [(t["function"]["name"], _tool_arguments(spec, t)) for t in tools]
         return calls_format(spec, arguments, at_least_one, single, excludes, envelopes)
     if spec.kind == "lfm2":
-        for t in tools:
-            _tool_arguments(spec, t)  # a custom tool with a grammar is a RequestError here
-        grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single)
+        custom = {t["function"]["name"]: args for i, t in enumerate(tools)
+                  if (args := python_arguments(t, f"c{i}_")) is not None}
+        grammar = python_calls_grammar([(t["function"]["name"], _params(t)) for t in tools], single, custom)
         tags = [_tag(spec.tool_start + "[", {"type": "grammar", "grammar": grammar}, "]" + spec.tool_end)]
     else:
         tags = [tag for t in tools for tag in tool_tag(spec, t)]

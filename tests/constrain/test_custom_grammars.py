@@ -122,10 +122,14 @@ def _call_text(spec, name: str, text: str) -> str:
         return f"{spec.tool_start}\n<function={name}>\n<parameter=input>\n{text}\n</parameter>\n</function>\n{spec.tool_end}"
     if spec.kind == "harmony":
         return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{json.dumps({'input': text})}<|call|>"
+    if spec.kind == "gemma4":  # the raw input in a verbatim string
+        return f'{spec.tool_start}call:{name}{{input:<|"|>{text}<|"|>}}{spec.tool_end}'
+    if spec.kind == "lfm2":  # a Python call whose string literal is the input's JSON string
+        return f"{spec.tool_start}[{name}(input={json.dumps(text, ensure_ascii=False)})]{spec.tool_end}"
     return native_call_opening(spec, name) + json.dumps({"input": text}) + "}\n" + spec.tool_end
 
 
-@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml", "harmony"])
+@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml", "harmony", "gemma4", "lfm2"])
 def test_custom_tool_inputs_in_each_format(vocab, kind):
     from jaxchat.chat import chat_constraint_request_from_openai, chat_format_make, chat_parse
     from jaxchat.chat.msg import ChatParseOptions
@@ -144,13 +148,31 @@ def test_custom_tool_inputs_in_each_format(vocab, kind):
             assert json.loads(msg.tool_calls[0].arguments) == {"input": text}
 
 
-def test_custom_tools_with_grammars_are_refused_where_no_syntax_carries_them(qwen25):
-    from jaxchat.chat import RequestError, chat_constraint_request_from_openai, chat_format_make
+@pytest.mark.parametrize("kind", ["gemma4", "lfm2", "qwen_xml"])
+def test_custom_tools_beside_function_tools_in_raw_and_python_formats(qwen25, kind):
+    """gemma4 and LFM2 carry a Lark and a regex tool beside a function tool under tool_choice required: each input is
+    admitted only when its grammar matches it, and reads back exactly (inputs with quotes, newlines, backslashes)."""
+    from jaxchat.chat import chat_constraint_request_from_openai, chat_format_make, chat_parse
+    from jaxchat.chat.msg import ChatParseOptions
 
-    body = {"tools": [{"type": "custom", "custom": {"name": "sh", "format": {"type": "grammar", "grammar": {
-        "syntax": "regex", "definition": REGEX}}}}], "tool_choice": "required"}
-    with pytest.raises(RequestError):
-        qwen25.engine.accepts(chat_format_make("gemma4"), chat_constraint_request_from_openai(body), "", "x")
+    spec = chat_format_make(kind)
+    lark = 'start: WORD ("\\n" WORD)*\nWORD: /[a-z"\\\\]+/'
+    body = {"tools": [
+        {"type": "custom", "custom": {"name": "sh", "format": {"type": "grammar", "grammar": {
+            "syntax": "regex", "definition": REGEX}}}},
+        {"type": "custom", "custom": {"name": "lines", "format": {"type": "grammar", "grammar": {
+            "syntax": "lark", "definition": lark}}}},
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}],
+        "tool_choice": "required", "think": False}
+    request = chat_constraint_request_from_openai(body)
+    cases = [("sh", text, ok) for text, ok in INPUTS.items()] + [
+        ("lines", 'a"b\nc\\d', True), ("lines", "ab\n", False), ("lines", "a b", False), ("sh", 'a\nb', False)]
+    for name, text, ok in cases:
+        call = _call_text(spec, name, text)
+        assert qwen25.engine.accepts(spec, request, "", call)[0] == ok, (name, text)
+        if ok:
+            msg = chat_parse(spec, call, False, ChatParseOptions(tools=request.tools))
+            assert [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == [(name, {"input": text})]
 
 
 def test_custom_tools_under_auto_beside_text_and_functions(qwen25):

@@ -167,3 +167,55 @@ def test_reasoning_is_split_from_content_streamed_and_not(served):
     assert reasoning and reasoning.strip(), choice
     assert not choice.message.content and not streamed_content
     assert streamed_reasoning == reasoning
+
+
+CUSTOM_REGEX = r"[a-z]{1,8}( [a-z]{1,8}){0,2}"
+CUSTOM_LARK = 'start: NAME "(" ARG? ")"\nNAME: /[a-z]{1,6}/\nARG: /[0-9]{1,3}/'
+
+
+def test_custom_tool_calls_follow_their_grammar_streamed_and_not(served):
+    """OpenAI custom tools in the gemma4 (raw input in a verbatim string) and LFM2 (a Python string literal)
+    formats: under a named custom choice and under `required` beside a function tool, the call's input matches
+    its regex / parses with its Lark grammar, the same streamed and not."""
+    import re
+
+    import openai
+    from lark import Lark
+
+    case, service, server = served
+    if case.kind not in ("gemma4", "lfm2") or case.family == "lfm2_moe":
+        pytest.skip("custom tools in the gemma4 and lfm2 formats (one model each)")
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    tools = [{"type": "custom", "custom": {"name": "words", "description": "Say words.", "format": {
+        "type": "grammar", "grammar": {"syntax": "regex", "definition": CUSTOM_REGEX}}}},
+        {"type": "custom", "custom": {"name": "call", "description": "Call it.", "format": {
+            "type": "grammar", "grammar": {"syntax": "lark", "definition": CUSTOM_LARK}}}}]
+    for tool, choice in ((tools[0], {"type": "custom", "custom": {"name": "words"}}), (tools[1], "required")):
+        body = dict(model=service.model_id, messages=[{"role": "user", "content": "Use the tool."}],
+                    tools=[tool, TOOLS[1]], tool_choice=choice, parallel_tool_calls=False, temperature=0,
+                    max_tokens=120, extra_body=None if case.think else {"think": False})
+        reply = client.chat.completions.create(**body)
+        (call,) = reply.choices[0].message.tool_calls
+        streamed: dict[int, dict] = {}
+        for chunk in client.chat.completions.create(**body, stream=True):
+            for part in (tc for ch in chunk.choices for tc in ch.delta.tool_calls or []):
+                got = streamed.setdefault(part.index, {"type": part.type, "name": "", "input": ""})
+                if part.type == "custom" or got["type"] == "custom":
+                    custom = part.model_extra.get("custom") or {}
+                    got["name"] += custom.get("name") or ""
+                    got["input"] += custom.get("input") or ""
+                else:
+                    got["name"] += part.function.name or ""
+                    got["input"] += part.function.arguments or ""
+        if call.type == "function":  # `required` may pick the function tool: its arguments follow its schema
+            assert choice == "required" and json.loads(call.function.arguments)["zone"] in ("utc", "cet")
+            assert list(streamed.values()) == [{"type": "function", "name": call.function.name,
+                                                "input": call.function.arguments}]
+            continue
+        text = call.custom.input
+        if call.custom.name == "words":
+            assert re.fullmatch(CUSTOM_REGEX, text), text
+        else:
+            Lark(CUSTOM_LARK).parse(text)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert list(streamed.values()) == [{"type": "custom", "name": call.custom.name, "input": text}]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
+import time
 
 import pytest
 
@@ -135,6 +137,10 @@ BAD = {
     "ebnf syntax": ({"ebnf": 'root ::= "a'}, "ebnf", "EBNF"),
     "gbnf bad class": ({"grammar": "root ::= [z-a]"}, "grammar", "lower bound"),
     "no root rule": ({"structured_outputs": {"grammar": 'start ::= "a"'}}, "structured_outputs.grammar", "root"),
+    # grammars that match nothing, though their first token mask allows "a" / "b": refused before decoding
+    "regex of nothing": ({"guided_regex": r"a{0}b[^\s\S]"}, "guided_regex", "matches no text"),
+    "ebnf of nothing": ({"ebnf": 'root ::= "a" root'}, "ebnf", "matches no text"),
+    "gbnf of nothing": ({"grammar": 'root ::= x\nx ::= "b" x | "c" x'}, "grammar", "matches no text"),
 }
 
 
@@ -172,6 +178,96 @@ def test_a_pathological_grammar_hits_the_time_limit(services):
             assert err.value.param == "guided_regex" and "time limit" in err.value.message, err.value.message
     finally:
         grammar.compile_timeout_s = limit
+
+
+class _HeldCompiler:
+    """The grammar engine's compiler, holding back the compile of any tag that contains `marker` until released."""
+
+    def __init__(self, real, marker: str) -> None:
+        self.real, self.marker, self.release, self.entered = real, marker, threading.Event(), threading.Event()
+
+    def compile_structural_tag(self, key: str):
+        if self.marker in key:
+            self.entered.set()
+            self.release.wait(60)
+        return self.real.compile_structural_tag(key)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_the_server_answers_while_a_grammar_compiles(services):
+    """A slow compile runs off the event loop: /health and other requests are answered while it runs; past the
+    time limit it is a 400 naming the field while the compile goes on on its own thread."""
+    import httpx
+
+    from tests.server.conftest import Live
+
+    service = services["plain"]
+    grammar = service.grammar
+    real, limit = grammar.compiler, grammar.compile_timeout_s
+    held = grammar.compiler = _HeldCompiler(real, "held[0-9]")
+    try:
+        with Live(service) as live, httpx.Client(base_url=live.base_url, timeout=60) as client:
+            answers: dict = {}
+            for path, body in (("/v1/completions", {"prompt": "x"}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+                pattern = f"held[0-9]{path.count('chat')}"  # a new tag each time, the same marker
+                slow = threading.Thread(target=lambda b=body, p=path, r=pattern: answers.__setitem__(p, client.post(
+                    p, json={"max_tokens": 4, **b, "guided_regex": r})))
+                held.entered.clear()
+                slow.start()
+                assert held.entered.wait(30)
+                t0 = time.monotonic()
+                assert client.get("/health").status_code == 200
+                other = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "guided_regex": "[0-9]{2}"})
+                assert other.status_code == 200 and re.fullmatch("[0-9]{2}", other.json()["choices"][0]["text"])
+                assert time.monotonic() - t0 < 20 and slow.is_alive()  # answered while the compile is held
+                held.release.set()
+                slow.join(60)
+                held.release.clear()
+                assert answers[path].status_code == 200, answers[path].text
+            # past the time limit: a 400 naming the field, the server still answering
+            grammar.compile_timeout_s = 0.5
+            r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "guided_regex": "held[0-9]{3}"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "guided_regex", r.text
+            assert "time limit" in r.json()["error"]["message"]
+            assert client.get("/health").status_code == 200
+    finally:
+        held.release.set()
+        grammar.compiler, grammar.compile_timeout_s = real, limit
+
+
+def test_concurrent_requests_share_one_compile(services):
+    """Requests that arrive together with the same new grammar wait for one compile, not one each."""
+    from jaxchat.api import parse_completion_request
+
+    service = services["plain"]
+    grammar = service.grammar
+    real = grammar.compiler
+    calls: list[str] = []
+
+    class Counting:
+        def compile_structural_tag(self, key):
+            calls.append(key)
+            time.sleep(0.2)
+            return real.compile_structural_tag(key)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    grammar.compiler = Counting()
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0, "guided_regex": "shared[0-9]{2}"}
+
+    async def run():
+        return await asyncio.gather(*(service.completion(parse_completion_request(body)) for _ in range(4)))
+
+    try:
+        replies = asyncio.run(run())
+    finally:
+        grammar.compiler = real
+    assert len({r["choices"][0]["text"] for r in replies}) == 1
+    assert len(calls) == len(set(calls)), calls
 
 
 def _tokens(service, body: dict) -> list[int]:
@@ -288,8 +384,10 @@ def _calls_both(service, body: dict) -> list[dict]:
     for chunk in chunks:
         for delta_call in (ch["delta"].get("tool_calls") or [] for ch in chunk["choices"]):
             for part in delta_call:
-                if part.get("type") == "custom":
-                    streamed[part["index"]] = {"type": "custom", "custom": part["custom"]}
+                if part.get("type") == "custom":  # a custom call opens, then its input streams in pieces
+                    streamed[part["index"]] = {"type": "custom", "custom": dict(part["custom"])}
+                elif "custom" in part:
+                    streamed[part["index"]]["custom"]["input"] += part["custom"]["input"]
                 elif "id" in part:
                     streamed[part["index"]] = {"type": "function", "function": dict(part["function"])}
                 else:
@@ -341,7 +439,9 @@ def test_custom_tools_through_the_openai_sdk(services):
         _check_call({"type": "custom", "custom": {"name": "call", "input": call.custom.input}})
         streamed = [tc for chunk in client.chat.completions.create(**ask, stream=True)
                     for ch in chunk.choices for tc in ch.delta.tool_calls or []]
-        assert [tc.model_extra["custom"]["input"] for tc in streamed] == [call.custom.input]
+        assert streamed[0].type == "custom" and streamed[0].model_extra["custom"]["name"] == "call"
+        assert {tc.index for tc in streamed} == {0}
+        assert "".join(tc.model_extra["custom"]["input"] for tc in streamed) == call.custom.input
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(**{**ask, "tools": [_custom("call", "lark", "start: (")]})
         assert err.value.body["param"] == "tools[0].custom.format.grammar.definition"
@@ -356,9 +456,10 @@ def test_custom_tools_through_the_openai_sdk(services):
         response = client.responses.create(**rask)
         item = response.output[-1]
         assert item.type == "custom_tool_call" and item.name == "call" and item.input == call.custom.input
-        done = [e for e in client.responses.create(**rask, stream=True)
-                if e.type == "response.custom_tool_call_input.done"]
+        events = list(client.responses.create(**rask, stream=True))
+        done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
         assert [e.input for e in done] == [item.input]
+        assert "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta") == item.input
         follow = client.responses.create(**{**rask, "tool_choice": "auto", "input": [
             {"role": "user", "content": "Use a tool."},
             {"type": "custom_tool_call", "call_id": item.call_id, "name": "call", "input": item.input},
@@ -368,3 +469,26 @@ def test_custom_tools_through_the_openai_sdk(services):
             client.responses.create(**{**rask, "tools": [{**tool, "format": {"type": "grammar", "syntax": "lark",
                                                                               "definition": "start: /a/i"}}]})
         assert "tools[0]" in err.value.body["param"]
+
+
+def test_custom_tool_grammars_that_match_nothing_are_400s(services):
+    """A custom tool whose Lark or regex grammar matches no text is refused when the request is read (a 400 naming
+    its definition, Chat Completions and Responses), not at its first decode step; the server stays healthy."""
+    from starlette.testclient import TestClient
+
+    from jaxchat.server import create_app
+
+    with TestClient(create_app(services["plain"])) as client:
+        for syntax, definition in (("lark", 'start: "a" start'), ("regex", r"a{0}b[^\s\S]")):
+            r = client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "tools": [_custom("t", syntax, definition)]})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == "tools[0].custom.format.grammar.definition", error
+            assert "matches no text" in error["message"], error
+            r = client.post("/v1/responses", json={"input": "x", "max_output_tokens": 4, "tools": [
+                {"type": "custom", "name": "t", "format": {"type": "grammar", "syntax": syntax, "definition": definition}}]})
+            assert r.status_code == 400 and "tools[0]" in r.json()["error"]["param"], r.text
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                                                      "tools": [_custom("t", "lark", 'start: "a" start | "b"')]})
+        assert r.status_code == 200, r.text
