@@ -322,21 +322,12 @@ def random_model(name: str, dtype: str):
 
 
 def random_model_of(config: dict, dtype: str, source: str = "random"):
-    """A `LoadedModel` of `config` (`ModelConfig` fields) with normal(0, 0.02) weights, seed 0."""
-    import jax
-    from flax import nnx
+    """A `LoadedModel` of `config` (`ModelConfig` fields) with normal(0, 0.02) weights, seed 0
+    (`jaxchat.engine.smoke.random_model`, the engine warm-up's random model)."""
+    from jaxchat.engine.smoke import random_model as random_weights
+    from jaxchat.models import ModelConfig
 
-    from jaxchat.models import LoadedModel, ModelConfig
-    from jaxchat.models.families import abstract_model, as_params
-
-    cfg = ModelConfig(**config)
-    graphdef, abstract = abstract_model(cfg, dtype)
-    shapes = as_params(nnx.to_pure_dict(abstract), cfg)
-    leaves, tree = jax.tree.flatten(shapes)
-    keys = jax.random.split(jax.random.key(0), len(leaves))
-    params = jax.tree.unflatten(tree, [(jax.random.normal(k, x.shape, jax.numpy.float32) * 0.02).astype(x.dtype)
-                                       for k, x in zip(keys, leaves, strict=True)])
-    return LoadedModel(cfg, graphdef, params, dtype, tokenizer=None, eos_token_ids=(), source=source)
+    return random_weights(ModelConfig(**config), dtype, source=source)
 
 
 if __name__ == "__main__":
