@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-step-tokens", type=int, default=None, metavar="N",
                        help="the most tokens one step runs over all its requests; longer prompts run in chunks "
                             "(default 512 on CPU, 2048 on TPU/GPU)")
+    serve.add_argument("--decode-rows", type=_row_counts, default=None, metavar="N,N,...",
+                       help="row counts of the decode programs (steps where every request takes one token), e.g. "
+                            "1,8,64: fewer programs to compile at start; a decode step of other rows runs in the next "
+                            "count up, or as a ragged step above the largest (default: every power of 2 up to "
+                            "--max-batch)")
     serve.add_argument("--no-jump-forward", action="store_true",
                        help="one device step per token (default: text the grammar forces is appended without "
                             "sampling, in one step; either way it is spelled as the tokenizer spells it)")
@@ -136,6 +141,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _row_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(sorted({int(part) for part in text.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of row counts, e.g. 1,8,64") from None
+    if counts[0] <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: row counts must be positive")
+    return counts
+
+
 def _positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if getattr(args, name, 1) is not None and getattr(args, name, 1) <= 0:
@@ -174,7 +189,7 @@ def _serve(args: argparse.Namespace) -> int:
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
                        jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
                        page_size=args.page_size, max_step_tokens=args.max_step_tokens, attention=args.attention,
-                       overlap=not args.no_overlap)
+                       overlap=not args.no_overlap, decode_rows=args.decode_rows)
     engine_args["speculative"] = args.speculative
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
@@ -310,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _positive(args, "max_batch", "max_context", "port", "kv_cache_gib", "page_size", "max_step_tokens", "devices",
               "data_parallel")
+    if getattr(args, "decode_rows", None) and args.decode_rows[-1] > args.max_batch:
+        raise SystemExit(f"jaxchat: error: --decode-rows {args.decode_rows[-1]} is above --max-batch {args.max_batch}")
     if (getattr(args, "burst_window_ms", None) or 0) < 0:
         raise SystemExit("jaxchat: error: --burst-window-ms must be 0 (off) or positive")
     if args.command == "serve":

@@ -25,6 +25,7 @@ def test_serve_defaults_bind_localhost_and_default_model():
     (["serve", "--max-step-tokens", "0"], "--max-step-tokens must be positive"),
     (["serve", "--burst-window-ms", "-5"], "--burst-window-ms must be 0 (off) or positive"),
     (["serve", "--data-parallel", "0"], "--data-parallel must be positive"),
+    (["serve", "--max-batch", "8", "--decode-rows", "1,16"], "--decode-rows 16 is above --max-batch 8"),
     (["lower", "--model", "m", "--chip", "v5e", "--devices", "8", "--data-parallel", "-2"],
      "--data-parallel must be positive"),
 ])
@@ -32,6 +33,25 @@ def test_bad_numbers_are_clear_errors(argv, message):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert message in str(exc.value)
+
+
+def test_decode_rows_are_sorted_counts_and_bad_lists_exit_2(capsys):
+    assert _parser().parse_args(["serve", "--decode-rows", "8,1,8"]).decode_rows == (1, 8)
+    assert _parser().parse_args(["serve"]).decode_rows is None
+    for bad, message in (("1,x", "not a comma-separated list"), ("0,4", "must be positive")):
+        with pytest.raises(SystemExit) as exc:
+            _parser().parse_args(["serve", "--decode-rows", bad])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_engine_refuses_decode_rows_outside_its_batch():
+    from jaxchat.engine.engine import Engine
+    from jaxchat.engine.smoke import random_model, smoke_config
+
+    model = random_model(smoke_config(1), "float32")
+    for rows in ((), (0, 2), (2, 8)):
+        with pytest.raises(ValueError, match="decode_rows"):
+            Engine(model, max_batch=4, max_context=32, decode_rows=rows, warmup=False, start=False)
 
 
 def test_unknown_command_exits_2():

@@ -84,7 +84,7 @@ def test_live_checks_pass(server):
     env = dict(os.environ)
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests/live/run_all.py"), "--base-url", base, "--model", "qwen2.5-coder-0.5b-instruct",
-         "--max-tokens", "128", "--timeout", "600"],
+         "--max-tokens", "128", "--timeout", "600", "--concurrency", "2"],  # two at a time: the --max-batch
         capture_output=True, text=True, timeout=1800, env=env,
     )
     print(result.stdout[-4000:])

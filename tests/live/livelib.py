@@ -13,6 +13,7 @@ minItems/maxItems, pattern, anyOf/oneOf/allOf and local `$ref`s to `#/$defs/...`
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import re
 import sys
@@ -235,27 +236,34 @@ class Context:
         return chunks, accumulate(chunks)
 
 
-def run_checks(checks: list[tuple[str, Check]], ctx: Context, only: str | None = None) -> list[tuple[str, str, float]]:
-    """Run checks; returns (name, "ok" | "FAIL: reason", seconds) and prints a line per check."""
-    results = []
-    for name, fn in checks:
-        if only and only not in name:
-            continue
-        started = time.monotonic()
-        try:
-            fn(ctx)
-            outcome = "ok"
-        except CheckFailed as exc:
-            outcome = f"FAIL: {exc}"
-        except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check, reported with its cause
-            outcome = f"FAIL: {type(exc).__name__}: {exc} | {traceback.format_exc(limit=2).splitlines()[-2].strip()}"
-        seconds = time.monotonic() - started
-        results.append((name, outcome, seconds))
-        print(
-            f"{'PASS' if outcome == 'ok' else 'FAIL'} {name} ({seconds:.1f}s){'' if outcome == 'ok' else ': ' + outcome[6:]}",
-            flush=True,
-        )
-    return results
+def run_check(name: str, fn: Check, ctx: Context) -> tuple[str, str, float]:
+    """One check: (name, "ok" | "FAIL: reason", seconds), its line printed."""
+    started = time.monotonic()
+    try:
+        fn(ctx)
+        outcome = "ok"
+    except CheckFailed as exc:
+        outcome = f"FAIL: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a crashing check is a failed check, reported with its cause
+        outcome = f"FAIL: {type(exc).__name__}: {exc} | {traceback.format_exc(limit=2).splitlines()[-2].strip()}"
+    seconds = time.monotonic() - started
+    print(
+        f"{'PASS' if outcome == 'ok' else 'FAIL'} {name} ({seconds:.1f}s){'' if outcome == 'ok' else ': ' + outcome[6:]}",
+        flush=True,
+    )
+    return name, outcome, seconds
+
+
+def run_checks(checks: list[tuple[str, Check]], ctx: Context, only: str | None = None,
+               concurrency: int = 1) -> list[tuple[str, str, float]]:
+    """Run checks, `concurrency` at a time (each check's own requests stay in order; the server batches the
+    requests of checks running together); returns (name, "ok" | "FAIL: reason", seconds) in the checks' order
+    and prints a line per check as it ends."""
+    chosen = [(name, fn) for name, fn in checks if not only or only in name]
+    if concurrency <= 1:
+        return [run_check(name, fn, ctx) for name, fn in chosen]
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda check: run_check(*check, ctx), chosen))
 
 
 def parse_args(argv: list[str] | None = None, description: str = "") -> argparse.Namespace:
@@ -266,15 +274,17 @@ def parse_args(argv: list[str] | None = None, description: str = "") -> argparse
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--only", default=None, help="run only the checks whose name contains this")
+    ap.add_argument("--concurrency", type=int, default=1, help="checks run at a time (the server batches them)")
     return ap.parse_args(argv)
 
 
 def main_for(checks: list[tuple[str, Check]], argv: list[str] | None = None, description: str = "") -> int:
     args = parse_args(argv, description)
     ctx = Context(Client(args.base_url, args.api_key, args.timeout), args.model, args.max_tokens)
-    results = run_checks(checks, ctx, args.only)
+    started = time.monotonic()
+    results = run_checks(checks, ctx, args.only, args.concurrency)
     failed = [r for r in results if r[1] != "ok"]
-    print(f"\n{len(results) - len(failed)} passed, {len(failed)} failed, {sum(r[2] for r in results):.1f}s")
+    print(f"\n{len(results) - len(failed)} passed, {len(failed)} failed, {time.monotonic() - started:.1f}s")
     return 1 if failed or not results else 0
 
 

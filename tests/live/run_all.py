@@ -2,7 +2,7 @@
 
 Usage:
     python tests/live/run_all.py --base-url http://127.0.0.1:8000 --model MODEL [--api-key KEY]
-        [--max-tokens 256] [--timeout 600] [--only tools.]
+        [--max-tokens 256] [--timeout 600] [--only tools.] [--concurrency 2]
 Standard library only (urllib, json, argparse). Prints one PASS/FAIL line per check and a summary.
 `ALL_CHECKS` is the list the pytest wrapper (`tests/server/test_live_scripts.py`) runs against the
 fake-service server.

@@ -65,3 +65,20 @@ def test_run_all_script_with_api_key():
             check=False,
         )
         assert bad.returncode == 1 and "FAIL contract.chat" in bad.stdout  # no key: 401
+
+
+def test_run_checks_runs_checks_together_and_reports_them_in_order():
+    """`--concurrency 2`: two checks that can only finish together (a barrier) both pass; results keep the list's
+    order and a failing check is reported as failed."""
+    import threading
+
+    together = threading.Barrier(2, timeout=20)
+
+    def failing(ctx):
+        raise livelib.CheckFailed("wrong")
+
+    checks = [("a", lambda ctx: together.wait()), ("b", lambda ctx: together.wait()), ("c", failing)]
+    results = livelib.run_checks(checks, livelib.Context(None, "m"), concurrency=2)
+    assert [(name, outcome) for name, outcome, _ in results] == [("a", "ok"), ("b", "ok"), ("c", "FAIL: wrong")]
+    alone = livelib.run_checks(checks[2:], livelib.Context(None, "m"), only="c")
+    assert [outcome for _, outcome, _ in alone] == ["FAIL: wrong"]
