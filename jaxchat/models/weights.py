@@ -88,7 +88,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         index = (*lead, *(slice(o, o + d) for o, d in zip(offset, target, strict=True)))
         raw = np.asarray(tensors[e.hf].load())
         read += raw.nbytes
-        buffers[e.path][index] = convert(raw, e, target)  # cast on assignment
+        copy_into(buffers[e.path][index], convert(raw, e, target))  # cast on assignment
         filled[e.path] += int(np.prod(target))  # the table's slices of one param never overlap
     for p, n in filled.items():
         want = int(np.prod(shapes[p][0]))
@@ -112,6 +112,23 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
             spec = _get(specs, p)
             node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, spec))
     return graphdef, as_params(params, cfg)
+
+
+COPY_BLOCK_BYTES = 1 << 22
+
+
+def copy_into(dest: np.ndarray, src: np.ndarray) -> None:
+    """`dest[...] = src` (cast to dest's dtype); a strided `src` (a transposed view, e.g. an [out, in] weight
+    read as [in, out]) is copied a few MiB at a time along its widest-strided axis, where numpy's one whole-array
+    transposed copy thrashes the cache (the 0.5B's [151936, 896] embedding: 0.15 s in blocks, 1.0 s whole)."""
+    if src.ndim < 2 or src.flags.c_contiguous:
+        dest[...] = src
+        return
+    axis = int(np.argmax(np.abs(src.strides)))
+    step = max(1, COPY_BLOCK_BYTES // max(1, src.nbytes // max(1, src.shape[axis])))
+    for start in range(0, src.shape[axis], step):
+        block = (slice(None),) * axis + (slice(start, start + step),)
+        dest[block] = src[block]
 
 
 def _get(tree, path: tuple[str, ...]):
