@@ -18,6 +18,7 @@ template as metadata) and later loads read them from there (memory-mapped), with
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import tempfile
@@ -347,22 +348,26 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
     cache = dequantized_cache_file(path)
     desc = f"loading {path.name}"
     handle, meta = open_cache(cache)
+    writer = None
     if handle is not None:
         with handle:  # the metadata only: the tensors are mapped by `_cached_tensors`
             cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
-        graphdef, params = assemble(cfg, _cached_tensors(cache), dtype, mesh, where=str(cache), desc=desc)
+        tensors, where = _cached_tensors(cache), str(cache)
     else:
         cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
-        writer = None
+        where = path.name
         if cache is not None:
             writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
                                   {"config": _config_json(cfg), "chat_template": template or ""})
             tensors = {n: writer.wrap(n, t) for n, t in tensors.items()}
+    # the tokenizer loads on a thread while the weights are copied (numpy's copies release the GIL)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxchat-tokenizer") as pool:
+        tok = pool.submit(gguf_tokenizer, path, template) if tokenizer else None
         try:
-            graphdef, params = assemble(cfg, tensors, dtype, mesh, where=path.name, desc=desc)
+            graphdef, params = assemble(cfg, tensors, dtype, mesh, where=where, desc=desc)
         finally:
             if writer is not None:
                 writer.finish()
-    tok = gguf_tokenizer(path, template) if tokenizer else None
+        tok = tok.result() if tok is not None else None
     return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
                        eos_token_ids=cfg.eos_token_ids, bos_token_id=cfg.bos_token_id, mesh=mesh, source=str(path))
