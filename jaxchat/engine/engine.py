@@ -293,6 +293,8 @@ class Engine:
         burst_gap_s: float = BURST_GAP_S,
         burst_window_s: float = BURST_WINDOW_S,
     ) -> None:
+        if decode_rows is not None and (not decode_rows or not all(1 <= r <= max_batch for r in decode_rows)):
+            raise ValueError(f"decode_rows {tuple(decode_rows)}: each row count must be from 1 to max_batch ({max_batch})")
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
@@ -305,8 +307,6 @@ class Engine:
         specs = model.partition_specs(self.mesh)
         shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
         params = jax.device_put(model.params, shardings)
-        if decode_rows is not None and (not decode_rows or not all(1 <= r <= max_batch for r in decode_rows)):
-            raise ValueError(f"decode_rows {tuple(decode_rows)}: each row count must be from 1 to max_batch ({max_batch})")
         if speculative not in SPECULATIVE_CHOICES:
             raise ValueError(f"speculative {speculative!r}: choose one of {', '.join(SPECULATIVE_CHOICES)}")
         if speculative == "auto":

@@ -19,6 +19,7 @@ template as metadata) and later loads read them from there (memory-mapped), with
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import re
 import tempfile
@@ -179,25 +180,10 @@ def dequantized_cache_file(path: Path) -> Path | None:
     return cache_dir() / "dequantized" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}-v{DEQUANT_CACHE_VERSION}.safetensors"
 
 
-def _cached_tensors(cache: Path) -> dict[str, Tensor]:
-    """The cache file's float32 tensors as read-only views of one memory map (no copy until assembly copies each
-    into its param; `_CacheWriter` writes only float32)."""
-    import json
-
-    with open(cache, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    data = np.memmap(cache, dtype=np.uint8, mode="r", offset=8 + size)
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] != "F32":
-            raise ModelLoadError(f"{cache}: tensor {name!r} is {info['dtype']}, the cache holds float32 only")
-        start, stop = info["data_offsets"]
-        view = data[start:stop].view("<f4").reshape(info["shape"])
-        out[name] = Tensor(tuple(info["shape"]), lambda view=view: view, lambda index, view=view: view[index])
-    return out
+def _cached_tensors(handle) -> dict[str, Tensor]:
+    return {name: Tensor(tuple(handle.get_slice(name).get_shape()), lambda name=name: handle.get_tensor(name),
+                         lambda index, name=name: handle.get_slice(name)[index])  # a process's block (multi-host)
+            for name in handle.keys()}  # noqa: SIM118 - safe_open handles are not iterable
 
 
 class _CacheWriter:
@@ -350,9 +336,8 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
     handle, meta = open_cache(cache)
     writer = None
     if handle is not None:
-        with handle:  # the metadata only: the tensors are mapped by `_cached_tensors`
-            cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
-        tensors, where = _cached_tensors(cache), str(cache)
+        cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
+        tensors, where = _cached_tensors(handle), str(cache)
     else:
         cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
         where = path.name
@@ -361,7 +346,8 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
                                   {"config": _config_json(cfg), "chat_template": template or ""})
             tensors = {n: writer.wrap(n, t) for n, t in tensors.items()}
     # the tokenizer loads on a thread while the weights are copied (numpy's copies release the GIL)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxchat-tokenizer") as pool:
+    cache_open = handle if handle is not None else contextlib.nullcontext()
+    with cache_open, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxchat-tokenizer") as pool:
         tok = pool.submit(gguf_tokenizer, path, template) if tokenizer else None
         try:
             graphdef, params = assemble(cfg, tensors, dtype, mesh, where=where, desc=desc)
