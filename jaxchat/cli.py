@@ -61,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="run every prompt whole (default: full KV pages an earlier request left with the same "
                             "tokens from the start are shared, e.g. a system prompt, an agent's previous turn)")
     serve.add_argument("--kv-cache-gib", type=float, default=None, metavar="GIB",
-                       help="memory of the KV page pool on each device (default: on TPU/GPU 85%% of what the weights leave, on CPU at "
-                            "most 4 GiB; either way no more than --max-batch requests of --max-context need)")
+                       help="memory of the KV page pool on each device (default: on TPU/GPU what a device has left after the "
+                            "weights, the largest steps' temporaries as XLA reports them and 3%% headroom; on CPU at most "
+                            "4 GiB; either way no more than --max-batch requests of --max-context need)")
     serve.add_argument("--page-size", type=int, default=None, metavar="N",
                        help="tokens per KV page (default 16 on CPU and GPU; on TPU the Pallas kernel's guidance for "
                             "--max-context, 128 to 256)")

@@ -9,9 +9,12 @@ Contract:
   program's key -> the seconds its compile or load took). `max_batch` is the number of requests that
   run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
-  as many pages as `kv_cache_gib` GiB per device hold; by default, on TPU/GPU `KV_MEMORY_FRACTION` of the
-  device memory left after the weights, on CPU at most `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no
-  more than `max_batch` rows of `max_context` tokens need. The start-up log says how many tokens it holds.
+  as many pages as `kv_cache_gib` GiB per device hold; by default, on devices that report their memory
+  (TPU, GPU) what each device has left after the weights, the device state, the largest steps' temporaries
+  (read from their compiled programs on a probe runner, `pool_plan`) and `slice_plan.HEADROOM`, on CPU at most
+  `CPU_KV_GIB` GiB (and a quarter of the machine's memory), and in either case no more than `max_batch` rows
+  of `max_context` tokens need; a ValueError says what would fit when one row does not. The start-up log
+  says how many tokens it holds.
 - Steps: every step runs at most `max_step_tokens` tokens (512 on CPU, 2048 elsewhere; buckets of 16, 64,
   256, ... up to it, or exactly `step_token_buckets`) over at most `max_batch` rows (`scheduler`): decoding
   rows, prompt chunks, forced text; decode steps (every row one token) in `decode_rows` buckets (powers of 2
@@ -77,7 +80,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxchat.engine import pool_size
+from jaxchat.engine import pool_plan, pool_size, slice_plan
 from jaxchat.engine.arrivals import Arrival, Arrivals
 from jaxchat.engine.attention_xla import XlaAttention
 from jaxchat.engine.chips import chip_of_device
@@ -323,23 +326,25 @@ class Engine:
         if takes_over:
             model.params = step_model.params
         del params
-        pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
-        n_dev = self.mesh.devices.size
-        if num_pages is None and n_dev > 1 and pages > n_dev:
-            pages -= pages % n_dev  # the pages split evenly when the kv heads cannot (`step.StepRunner`)
         # no step can hold more than every row's whole context
         step_tokens = min(max_step_tokens or default_step_tokens(self.mesh), max_batch * max_context)
         identity = program_identity(model)
-        self.runner = StepRunner(
-            step_model, max_batch=max_batch, max_context=max_context, vocab_size=vocab, valid_vocab=valid_vocab,
-            mesh=self.mesh, backend=backend, num_pages=pages,
-            token_buckets=step_token_buckets or token_buckets(step_tokens),
-            decode_rows=decode_rows or pow2_buckets(1, max_batch),
-            ragged_rows=ragged_rows(max_batch),
-            verify_buckets=verify_buckets(step_tokens, mesh_platform(self.mesh)) if speculative == "ngram" else (),
-            executables=None if executable_cache is None or jax.process_count() > 1
-            else ExecutableStore(executable_cache, identity),
-        )
+        shapes = dict(max_batch=max_batch, max_context=max_context, vocab_size=vocab, valid_vocab=valid_vocab,
+                      mesh=self.mesh, backend=backend, token_buckets=step_token_buckets or token_buckets(step_tokens),
+                      decode_rows=decode_rows or pow2_buckets(1, max_batch), ragged_rows=ragged_rows(max_batch),
+                      verify_buckets=verify_buckets(step_tokens, platform) if speculative == "ngram" else (),
+                      executables=None if executable_cache is None or jax.process_count() > 1
+                      else ExecutableStore(executable_cache, identity))
+        memory = pool_plan.device_memory(self.mesh) if num_pages is None else None
+        self.pool_memory: dict[str, Any] | None = None  # the per-device plan's figures (TPU, GPU), else None
+        if memory is not None:  # TPU, GPU: planned per chip, the steps' temporaries read from their programs
+            pages = self._planned_pages(memory, model, step_model, shapes, page, kv_cache_gib)
+        else:
+            pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
+            n_dev = self.mesh.devices.size
+            if num_pages is None and n_dev > 1 and pages > n_dev:
+                pages -= pages % n_dev  # the pages split evenly when the kv heads cannot (`step.StepRunner`)
+        self.runner = StepRunner(step_model, num_pages=pages, **shapes)
         per_token = pool_size.kv_bytes_per_token(model)
         log.info("KV pool: %d pages of %d tokens (%d tokens, %.2f GiB)", pages - 1, page, (pages - 1) * page,
                  pages * page * per_token / (1 << 30))
@@ -357,6 +362,40 @@ class Engine:
         self._finalizer = weakref.finalize(self, _Core.shutdown, self._core)
         if start:
             self.start()
+
+    def _planned_pages(self, memory: pool_plan.DeviceMemory, model: Any, step_model: Any, shapes: dict, page: int,
+                       kv_cache_gib: float | None) -> int:
+        """The pool's pages on devices that report their memory (`pool_plan`): the steps' temporaries measured
+        on a probe runner over a one-row pool (nothing allocated), then the per-chip plan; a ValueError saying
+        what would fit when not even one row does."""
+        devices, padded = self.mesh.devices.size, mesh_platform(self.mesh) == "tpu"
+        stacked = step_model.layout == "stacked"
+        head_axis = getattr(shapes["backend"], "pool_head_axis", 1)
+        per_page, fixed = pool_plan.page_bytes(
+            lambda n: step_model.new_pools(shapes["backend"], n, page, shapes["max_batch"]), self.mesh, stacked,
+            head_axis, padded)
+        one_row = -(-(-(-shapes["max_context"] // page) + 1) // devices) * devices
+        probe = StepRunner(step_model, num_pages=one_row, abstract_arrays=True, **shapes)
+        temporaries = pool_plan.step_temporaries(probe)
+        how = "measured"
+        if temporaries is None:
+            temporaries, how = slice_plan.step_temporaries(model.config, max(probe.token_buckets),
+                                                           shapes["max_batch"], devices), "estimated"
+        del probe
+        rows, vocab = shapes["max_batch"], shapes["vocab_size"]
+        state = 2 * slice_plan.tpu_bytes((rows, vocab), "int32") if padded else 5 * rows * vocab
+        fit = pool_plan.plan_pool(memory, temporaries=temporaries, state=state, per_page=per_page, fixed=fixed,
+                                  page_size=page, max_batch=rows, max_context=shapes["max_context"], devices=devices,
+                                  device_name=self.mesh.devices.flat[0].device_kind, kv_cache_gib=kv_cache_gib)
+        if not fit.fits:
+            raise ValueError(fit.message)
+        self.pool_memory = {"bytes_limit": memory.bytes_limit, "bytes_in_use": memory.bytes_in_use,
+                            "temporaries": temporaries, "temporaries_how": how, "state": state, "page_bytes": per_page}
+        gib = 1 << 30
+        log.info("KV pool plan per device: %.2f GiB of %.2f in use after the weights, step temporaries %.2f GiB "
+                 "(%s), device state %.2f GiB, %.1f KiB a page", memory.bytes_in_use / gib,
+                 memory.bytes_limit / gib, temporaries / gib, how, state / gib, per_page / 1024)
+        return fit.pages
 
     @property
     def burst_gap_s(self) -> float:

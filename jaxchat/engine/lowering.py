@@ -41,8 +41,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from jaxchat.engine import attention_tpu, chips, engine, replicas, slice_plan
-from jaxchat.engine.step import StepRunner, abstract, make_mesh, pool_shardings, pow2_buckets, samples_of
+from jaxchat.engine import attention_tpu, chips, engine, pool_plan, replicas, slice_plan
+from jaxchat.engine.step import StepRunner, abstract, make_mesh, pow2_buckets, samples_of
 
 
 def ensure_devices(n: int) -> bool:
@@ -134,14 +134,6 @@ class SliceReport:
                 **({"message": self.fit.message} if not self.fit.fits else {})}
 
 
-def _largest(keys: list[tuple]) -> list[tuple]:
-    """One program of each kind: the one of the most tokens and rows."""
-    out: dict[str, tuple] = {}
-    for key in keys:
-        out[key[0]] = max(out.get(key[0], key), key)
-    return list(out.values())
-
-
 def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: int = 8, max_context: int = 4096,
                 attention: str = "auto", page_size: int | None = None, dtype: str = "bfloat16",
                 max_step_tokens: int | None = None, kv_cache_gib: float | None = None, speculative: str = "off",
@@ -176,19 +168,16 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     step_tokens = min(max_step_tokens or 2048, max_batch * max_context)
     stacked = step_model.layout == "stacked"
 
-    def pools(n: int):
-        shapes = jax.eval_shape(lambda: step_model.new_pools(backend, n, page, max_batch))
-        return abstract(shapes, pool_shardings(shapes, mesh, 2 if stacked else 1, n, backend.pool_head_axis
-                                               + stacked, page_axis=int(stacked)))
+    def new_pools(n: int):
+        return step_model.new_pools(backend, n, page, max_batch)
 
-    one, two = (chip_bytes_of(pools(devices * k)) for k in (2, 4))
-    per_page = (two - one) / (2 * devices)
+    per_page, fixed = pool_plan.page_bytes(new_pools, mesh, stacked, backend.pool_head_axis, padded=True)
     weights = slice_plan.chip_bytes(step_model.params)
     vocab = cfg.vocab_size
     state = 2 * slice_plan.tpu_bytes((max_batch, vocab), np.int32)  # counts i32 and the prompt mask (padded)
     temps = slice_plan.step_temporaries(cfg, step_tokens, max_batch, devices)
     fit = slice_plan.fit_pages(hbm_bytes=chip.hbm_bytes, weights=weights, state=state, temporaries=temps,
-                               page_bytes=per_page, fixed=max(one - int(per_page * 2 * devices), 0),
+                               page_bytes=per_page, fixed=fixed,
                                page_size=page, max_batch=max_batch, max_context=max_context, devices=devices,
                                chip=chip.name, kv_cache_gib=kv_cache_gib)
     pages_per_row = -(-max_context // page)
@@ -198,7 +187,8 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
             f"the attention kernel's page tables ({max_batch} rows x {pages_per_row} pages) take {smem >> 10} KiB"
             f" of SMEM, over {slice_plan.SMEM_SHARE:.0%} of the chip's {chip.smem_bytes >> 10} KiB: use a larger "
             f"--page-size, a shorter --max-context or fewer rows (--max-batch)"))
-    pool_chip = chip_bytes_of(pools(fit.pages)) if fit.pages > 0 else 0
+    pool_chip = (pool_plan.pool_bytes(new_pools, mesh, fit.pages, stacked, backend.pool_head_axis, padded=True)
+                 if fit.pages > 0 else 0)
     report = SliceReport(chip, slice_devices, chosen, why, page, fit.pages, fit,
                          {"weights": weights, "state": state, "kv_pool": pool_chip, "temporaries": temps}, 0,
                          smem_bytes=smem if chosen == "pallas" else 0, data_parallel=data_parallel,
@@ -216,7 +206,7 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     if chosen == "pallas":
         report.vmem_bytes = max(kernel_vmem(cfg, dtype, devices, page, chip, k[1],
                                             runner.pages_per_row) for k in keys if k[0] != "sample")
-    for key in keys if programs == "all" else _largest(keys):
+    for key in keys if programs == "all" else pool_plan.largest_programs(keys):
         t0 = time.perf_counter()
         try:
             with chips.targeting(chip) if platform == "tpu" else contextlib.nullcontext():
@@ -227,10 +217,6 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
         name = "/".join(str(k) for k in key) if key[0] != "sample" else f"sample/{samples_of(key)}"
         report.rows.append((name, status, time.perf_counter() - t0))
     return report
-
-
-def chip_bytes_of(tree: Any) -> int:
-    return slice_plan.chip_bytes(tree) if jax.tree.leaves(tree) else 0
 
 
 def kernel_vmem(cfg: Any, dtype: str, devices: int, page: int, chip: chips.Chip, tokens: int,

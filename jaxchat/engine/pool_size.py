@@ -6,10 +6,9 @@ Contract:
 - `num_pages(model, mesh, page_size, max_batch, max_context, kv_cache_gib=None)`:
   * `kv_cache_gib` given: that many GiB of pages on each device (the pool is split over the mesh's devices;
     all of it: pages beyond what the running rows need keep cached prefixes);
-  * otherwise on TPU/GPU `KV_MEMORY_FRACTION` of the memory a device has left after the weights (per
-    device: the pool is split over the mesh, on its kv heads when they divide, else on its pages), on CPU `CPU_KV_GIB` GiB or a quarter
-    of the machine's memory, whichever is less; either way no more than `max_batch` rows of `max_context`
-    tokens need;
+  * otherwise on CPU `CPU_KV_GIB` GiB or a quarter of the machine's memory, whichever is less, elsewhere (a
+    device that does not report its memory) what `max_batch` rows of `max_context` tokens need; either way no
+    more than that. Devices that report their memory (TPU, GPU) are planned per chip by `pool_plan` instead;
   * plus the padding page; at least one row of `max_context` must fit, or `ValueError` says what to change.
 """
 
@@ -21,7 +20,6 @@ from typing import Any
 import numpy as np
 
 CPU_KV_GIB = 4.0
-KV_MEMORY_FRACTION = 0.85
 
 
 def kv_bytes_per_token(model: Any) -> int:
@@ -34,17 +32,6 @@ def _physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 16 << 30
-
-
-def _device_free_bytes(mesh: Any) -> int | None:
-    """The least memory any device of the mesh has left, or None when the platform does not say."""
-    free = []
-    for dev in mesh.devices.flat:
-        stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
-        if not stats or "bytes_limit" not in stats:
-            return None
-        free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
-    return min(free) if free else None
 
 
 def num_pages(model: Any, mesh: Any, page_size: int, max_batch: int, max_context: int,
@@ -60,9 +47,7 @@ def num_pages(model: Any, mesh: Any, page_size: int, max_batch: int, max_context
     elif platform == {"cpu"}:
         pages = min(wanted, int(min(CPU_KV_GIB * (1 << 30), _physical_memory() / 4) // per_page))
     else:
-        free = _device_free_bytes(mesh)
-        shards = mesh.devices.size  # every device holds 1/n of the pool: its kv heads, else its pages (`step`)
-        pages = wanted if free is None else min(wanted, int(free * KV_MEMORY_FRACTION * shards // per_page))
+        pages = wanted
     if pages < per_row:
         raise ValueError(f"a KV pool of {pages} pages of {page_size} tokens ({per_page} bytes each) cannot hold one "
                          f"request of max_context {max_context}: give more memory (--kv-cache-gib) or a shorter "

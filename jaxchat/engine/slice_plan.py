@@ -14,7 +14,8 @@ Contract:
   lengths and row offsets of a step of `rows` rows, int32); `SMEM_SHARE` of the chip's SMEM is the most a plan
   gives them.
 - `fit_pages(...)` -> `PoolFit`: how many pages a chip's HBM holds after weights, state and temporaries
-  (`HEADROOM` of HBM kept back for the runtime), capped at `max_batch` rows of `max_context`; `fits` False when
+  (`HEADROOM` of HBM kept back for the runtime), capped at `max_batch` rows of `max_context` (all of
+  `kv_cache_gib` per chip when given, as far as HBM holds it); `fits` False when
   not even one row of `max_context` fits, with `message` saying by how much and what would fit (more chips, a
   shorter context, fewer rows).
 """
@@ -76,15 +77,19 @@ class PoolFit:
 
 def fit_pages(*, hbm_bytes: int, weights: int, state: int, temporaries: int, page_bytes: float, fixed: int,
               page_size: int, max_batch: int, max_context: int, devices: int, chip: str,
-              kv_cache_gib: float | None = None) -> PoolFit:
+              kv_cache_gib: float | None = None, devices_flag: str = "--devices") -> PoolFit:
     """`page_bytes` per page per chip, `fixed` pool bytes per chip that do not grow with pages (recurrent
-    states); `kv_cache_gib` per chip instead of what is left."""
+    states); `kv_cache_gib` per chip instead of what is left; `devices_flag` ("": none) is named beside the
+    chip count that would hold the model."""
     per_row = -(-max_context // page_size)
     wanted = -(-(max_batch * per_row + 1) // devices) * devices  # the pages split evenly over the devices
     reserve = int(HEADROOM * hbm_bytes)
     free = hbm_bytes - weights - state - temporaries - fixed - reserve
     budget = free if kv_cache_gib is None else min(free, int(kv_cache_gib * (1 << 30)))
-    pages = min(wanted, int(budget // page_bytes)) if page_bytes > 0 else wanted
+    if page_bytes <= 0:
+        pages = wanted
+    else:  # all of `kv_cache_gib` when given: pages beyond the rows' need keep cached prefixes
+        pages = int(budget // page_bytes) if kv_cache_gib is not None else min(wanted, int(budget // page_bytes))
     pages -= pages % devices if pages > devices else 0
     if pages >= per_row + 1:
         return PoolFit(pages, wanted, free, page_bytes, True, "")
@@ -101,6 +106,7 @@ def fit_pages(*, hbm_bytes: int, weights: int, state: int, temporaries: int, pag
     moving = weights + temporaries + fixed + (per_row + 1) * page_bytes  # what more chips would split
     for more in (2, 4, 8, 16, 32, 64):
         if devices * more <= 256 and moving / more + state + reserve <= hbm_bytes:
-            parts.append(f"about {devices * more} chips would hold it (--devices {devices * more})")
+            flag = f" ({devices_flag} {devices * more})" if devices_flag else " (a larger slice)"
+            parts.append(f"about {devices * more} chips would hold it{flag}")
             break
     return PoolFit(max(pages, 0), wanted, free, page_bytes, False, "; ".join(parts))

@@ -553,6 +553,16 @@ class StepRunner:
         traced = self._programs[key].trace(*self._example(key))
         return traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
 
+    def compile(self, key: tuple) -> Any:
+        """Program `key` compiled for exactly the arguments a call passes (or loaded from the executable store);
+        not kept: `warmup` keeps what it compiles."""
+        program, args = self._programs[key], self._example(key)
+        if self.executables is None:
+            return program.lower(*args).compile()
+        identity = (f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
+                    f"|options={sorted(self._options_of(key).items())}")
+        return self.executables.load_or_compile(identity, program, args)
+
     def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True) -> None:
         """Compile every program ahead of time (lowered for exactly the arguments `run` passes, then jit reuses
         the executable), or load it from the executable store / persistent compilation cache. `prime`: then run
@@ -561,13 +571,7 @@ class StepRunner:
         step). `progress(done, total)` is called after each program."""
         keys = self.program_keys()
         for i, key in enumerate(keys):
-            program, args = self._programs[key], self._example(key)
-            if self.executables is None:
-                self._compiled[key] = program.lower(*args).compile()
-            else:
-                identity = (f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
-                            f"|options={sorted(self._options_of(key).items())}")
-                self._compiled[key] = self.executables.load_or_compile(identity, program, args)
+            self._compiled[key] = self.compile(key)
             if progress is not None:
                 progress(i + 1, len(keys))
         if prime and jax.process_count() == 1:

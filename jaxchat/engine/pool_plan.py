@@ -1,0 +1,124 @@
+"""The KV pool of an engine on devices that report their memory (TPU, GPU): sized per chip by the plan that
+`jaxchat lower` prints, with the steps' temporary memory read from their compiled programs, not guessed.
+
+Contract:
+- `device_memory(mesh) -> DeviceMemory | None`: `bytes_limit` and `bytes_in_use` of the mesh's device with the
+  least memory left (after the weights are placed: they are what is in use); None when a device does not say
+  (XLA:CPU). On several processes the least over all of them, so every process plans the same pool.
+- `pool_bytes(new_pools, mesh, page_size, max_batch, pages, stacked, pool_head_axis, padded)`: the most bytes one
+  device holds of a pool of `pages` pages, sharded as `step.StepRunner` shards it (abstract arrays: nothing is
+  allocated); `padded`: each shard counted as TPU HBM lays it out (`slice_plan.tpu_bytes`: a head_dim of 64
+  takes 128 lanes), else its plain bytes.
+- `page_bytes(...) -> (per_page, fixed)`: one page's bytes per device, and the pool bytes per device that do not
+  grow with the pages (recurrent layers' states), from two pool sizes.
+- `step_temporaries(runner) -> int | None`: the most memory one step takes beyond its arguments, over the
+  largest program of each kind (the most tokens and rows: ragged, decode, verify, sample): XLA's
+  `memory_analysis()` of each compiled program, its temporaries plus the outputs not aliased to a donated
+  argument (the logits). The programs compile through the runner's executable store, so a warm start loads
+  them. None when the platform gives no analysis. They do not depend on the pool's size (the pool is donated
+  and written in place; `tests/engine/test_pool_plan.py`), so a probe runner over a one-row pool measures them.
+- `plan_pool(memory, *, temporaries, state, per_page, fixed, ...) -> slice_plan.PoolFit`: `slice_plan.fit_pages`
+  on the device's own figures (`bytes_limit` as its HBM, `bytes_in_use` as the weights), the same arithmetic as
+  `jaxchat lower`'s plan: `slice_plan.HEADROOM` of the memory kept back, `kv_cache_gib` GiB per device when
+  given, at most `max_batch` rows of `max_context`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxchat.engine import slice_plan
+from jaxchat.engine.step import abstract, pool_shardings
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+    bytes_limit: int
+    bytes_in_use: int
+
+
+def device_memory(mesh: Any) -> DeviceMemory | None:
+    least: DeviceMemory | None = None
+    for dev in mesh.devices.flat:
+        if dev.process_index != jax.process_index():
+            continue
+        stats = dev.memory_stats() if hasattr(dev, "memory_stats") else None
+        if not stats or "bytes_limit" not in stats:
+            return None
+        mem = DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)))
+        if least is None or mem.bytes_limit - mem.bytes_in_use < least.bytes_limit - least.bytes_in_use:
+            least = mem
+    if least is not None and jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        both = np.asarray(multihost_utils.process_allgather(np.array([least.bytes_limit, least.bytes_in_use],
+                                                                     np.int64)))
+        worst = int(np.argmin(both[:, 0] - both[:, 1]))
+        least = DeviceMemory(int(both[worst, 0]), int(both[worst, 1]))
+    return least
+
+
+def _device_bytes(tree: Any, padded: bool) -> int:
+    if padded:
+        return slice_plan.chip_bytes(tree) if jax.tree.leaves(tree) else 0
+    per_device: dict[Any, int] = {}
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape)
+        for dev in x.sharding.device_set:
+            per_device[dev] = per_device.get(dev, 0) + int(np.prod(shard)) * np.dtype(x.dtype).itemsize
+    return max(per_device.values(), default=0)
+
+
+def pool_bytes(new_pools: Callable[[int], Any], mesh: Any, pages: int, stacked: bool, pool_head_axis: int,
+               padded: bool) -> int:
+    """`new_pools(pages)` builds the zeroed pools (traced for their shapes only)."""
+    shapes = jax.eval_shape(lambda: new_pools(pages))
+    shardings = pool_shardings(shapes, mesh, 2 if stacked else 1, pages, pool_head_axis + stacked,
+                               page_axis=int(stacked))
+    return _device_bytes(abstract(shapes, shardings), padded)
+
+
+def page_bytes(new_pools: Callable[[int], Any], mesh: Any, stacked: bool, pool_head_axis: int,
+               padded: bool) -> tuple[float, int]:
+    devices = mesh.devices.size
+    one, two = (pool_bytes(new_pools, mesh, devices * k, stacked, pool_head_axis, padded) for k in (2, 4))
+    per_page = (two - one) / (2 * devices)
+    return per_page, max(one - int(per_page * 2 * devices), 0)
+
+
+def largest_programs(keys: list[tuple]) -> list[tuple]:
+    """One program of each kind: the one of the most tokens and rows."""
+    out: dict[str, tuple] = {}
+    for key in keys:
+        out[key[0]] = max(out.get(key[0], key), key)
+    return list(out.values())
+
+
+def step_temporaries(runner: Any) -> int | None:
+    most = 0
+    for key in largest_programs(runner.program_keys()):
+        try:
+            stats = runner.compile(key).memory_analysis()
+        except Exception:  # noqa: BLE001  (a platform without the analysis)
+            return None
+        if stats is None:
+            return None
+        fresh_outputs = max(int(stats.output_size_in_bytes) - int(stats.alias_size_in_bytes), 0)
+        most = max(most, int(stats.temp_size_in_bytes) + fresh_outputs)
+    return most
+
+
+def plan_pool(memory: DeviceMemory, *, temporaries: int, state: int, per_page: float, fixed: int, page_size: int,
+              max_batch: int, max_context: int, devices: int, device_name: str,
+              kv_cache_gib: float | None = None) -> slice_plan.PoolFit:
+    if kv_cache_gib is not None and kv_cache_gib <= 0:
+        raise ValueError(f"kv_cache_gib must be positive, not {kv_cache_gib}")
+    return slice_plan.fit_pages(hbm_bytes=memory.bytes_limit, weights=memory.bytes_in_use, state=state,
+                                temporaries=temporaries, page_bytes=per_page, fixed=fixed, page_size=page_size,
+                                max_batch=max_batch, max_context=max_context, devices=devices, chip=device_name,
+                                kv_cache_gib=kv_cache_gib, devices_flag="")
