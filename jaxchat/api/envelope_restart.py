@@ -10,8 +10,10 @@ declared tool, at the start of a line after blank lines and spaces or tabs, wher
     of its next token): its first delta is the opening's text and tokens, then its own deltas, with
     `num_generated_tokens` counting the opening, `num_prompt_tokens` the original prompt's, `num_cached_tokens`
     the first generation's (the second finds the prompt's pages the first just computed), and `max_tokens`
-    what the opening leaves; its grammar constraint (`RestartPlan.constraint`:
-    the pipeline's is the request's under tool_choice "required", calls only) starts after the opening, so
+    what the opening leaves; its grammar constraint (`RestartPlan.constraint`, awaited: the pipeline's is
+    the request's under tool_choice "required", calls only, compiled on the grammar engine's threads, never
+    on the event loop; `RestartPlan.prepare` starts that compile beside the first generation, so it is
+    usually ready when the call is decided) starts after the opening, so
     the call and any that follow are the native grammar's and nothing but calls follows (the model chose to
     call; left free text after its calls, the small model writes stray end markers and the same call again
     as bare JSON). Each call after its first complete one is held back until it is complete; one that
@@ -34,9 +36,10 @@ Only for requests without logprobs (the opening's tokens have none) whose reply 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -55,14 +58,16 @@ class RestartPlan:
     names: frozenset[str]  # the callable tools' names
     opening: Callable[[str], str | None]  # the format's own opening of a call of that tool
     tokenize: Callable[[str], list[int]]
-    constraint: Callable[[str], Any]  # the request's constraint, started after the given opening
+    constraint: Callable[[str], Awaitable[Any]]  # the request's constraint, started after the given opening
     call_markers: tuple[str, str] = ("", "")  # the format's call start and end markers (repeats: none without)
     fits: Callable[[int], bool] = lambda tokens: True  # whether a prompt of that many tokens fits the KV pool
+    prepare: Callable[[], Awaitable[None]] | None = None  # run beside the first generation (compiles `constraint`'s grammar)
 
 
 async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> AsyncIterator[GenerationOutput]:
     deciding, held, text, cached = True, [], "", 0  # deciding: the reply may still open with an envelope
     first = engine.generate(request)
+    preparing = asyncio.ensure_future(plan.prepare()) if plan.prepare is not None else None
     try:
         async for out in first:
             if not deciding:
@@ -73,7 +78,8 @@ async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> As
             cached = max(cached, out.num_cached_tokens)
             body = _envelope_body(text)
             read = read_envelope(body, plan.names, partial=True) if body else None
-            restart = _restart(request, plan, read.calls[0].name) if read and read.calls and not out.finished else None
+            decided = read is not None and read.calls and not out.finished
+            restart = await _restart(request, plan, read.calls[0].name) if decided else None
             if restart is not None:
                 await first.aclose()
                 async for later in _continue(engine, request, plan, *restart, out.request_id, cached):
@@ -85,6 +91,8 @@ async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> As
                 deciding, held = False, []
     finally:
         await first.aclose()
+        if preparing is not None and not preparing.done():
+            preparing.cancel()  # the compile itself goes on on its thread and is cached
 
 
 def _envelope_body(text: str) -> str | None:
@@ -95,7 +103,7 @@ def _envelope_body(text: str) -> str | None:
     return None if body and last_line.strip(" \t") else body
 
 
-def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[str, list[int], Any] | None:
+async def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[str, list[int], Any] | None:
     opening = plan.opening(name)
     if opening is None:
         return None
@@ -109,7 +117,7 @@ def _restart(request: GenerationRequest, plan: RestartPlan, name: str) -> tuple[
     if _stops_in(opening, sampling.stop) or set(ids) & set(sampling.stop_token_ids):
         return None
     try:
-        constraint = plan.constraint(opening)
+        constraint = await plan.constraint(opening)
     except (RuntimeError, ValueError) as exc:  # the grammar after the opening cannot be built: no restart
         log.warning("no native restart: the grammar after %r: %s", opening, exc)
         return None

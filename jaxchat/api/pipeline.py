@@ -296,15 +296,19 @@ class ChatPipeline:
 
         calls_only_request = replace(prepared.constraint, tool_choice="required")
 
-        def constraint(opening: str):
+        async def prepare() -> None:  # the calls-only grammar, compiled on the grammar engine's threads
+            await self.compile_grammars(calls_only_request)
+
+        async def constraint(opening: str):
             if self.grammar is None:
                 return None
+            await prepare()  # cached by now, or still compiling: waited for without blocking the loop
             return self.grammar.make(self.spec, calls_only_request, prepared.prefill + opening,
                                      tools_enabled=self.tools_enabled)
 
         return RestartPlan(options.tool_names(), lambda name: native_call_opening(self.spec, name),
                            lambda text: self.tokenizer.encode(text, add_special_tokens=False), constraint,
-                           (self.spec.tool_start, self.spec.tool_end), self.engine.prompt_fits)
+                           (self.spec.tool_start, self.spec.tool_end), self.engine.prompt_fits, prepare)
 
     async def collect(self, request: GenerationRequest, prepared: PreparedChat | None = None) -> Generated:
         """Run `request` to its end (`outputs`); a failed generation raises (logged by the server, never sent)."""

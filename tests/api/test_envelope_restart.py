@@ -203,7 +203,7 @@ def _restart_run(plan_changes: dict, sampling: dict, cached=(5, 16)):
                                        num_cached_tokens=cached[n], num_generated_tokens=i + 1)
 
     plan = replace(RestartPlan(frozenset({"get_weather"}), lambda name: native_call_opening(spec, name),
-                               lambda text: [9] * len(text), lambda opening: None, (spec.tool_start, spec.tool_end)),
+                               lambda text: [9] * len(text), _no_grammar, (spec.tool_start, spec.tool_end)),
                    **plan_changes)
 
     async def reply():
@@ -213,7 +213,11 @@ def _restart_run(plan_changes: dict, sampling: dict, cached=(5, 16)):
     return prompts, asyncio.run(reply())
 
 
-def _failing_grammar(opening):
+async def _no_grammar(opening):
+    return None
+
+
+async def _failing_grammar(opening):
     raise RuntimeError("cannot compile")
 
 
@@ -233,3 +237,56 @@ def test_a_restarted_reply_reports_the_first_generations_cached_tokens():
     prompts, outputs = _restart_run({}, {})
     assert len(prompts) == 2 and len(prompts[1]) > len(prompts[0])
     assert outputs and {out.num_cached_tokens for out in outputs} == {5}
+
+
+def test_the_restarts_grammar_compiles_beside_the_first_generation_and_off_the_event_loop():
+    """The pipeline's plan: `prepare` (started with the first generation) compiles the calls-only grammar on the
+    grammar engine's thread while the event loop goes on; the restart's constraint then finds it compiled."""
+    import asyncio
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from jaxchat.api.pipeline import ChatPipeline
+    from jaxchat.api.request import parse_chat_request
+    from jaxchat.assets import template_path
+    from jaxchat.constrain.engine import GrammarEngine
+    from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+    engine = TwoActEngine(template_path("Qwen-Qwen2.5-7B-Instruct.jinja").read_text())
+    engine.prompt_fits = lambda tokens: True
+    grammar = GrammarEngine(engine.tokenizer, vocab_size=len(engine.tokenizer))
+    pipeline = ChatPipeline(engine, "hermes", grammar)
+    prepared = pipeline.prepare_chat(parse_chat_request(BODY))  # compiles the request's own (auto) grammar
+    plan = pipeline.restart_plan(prepared, GenerationRequest([1], SamplingParams(max_tokens=50)))
+    compiles, real = [], grammar.compiler
+
+    def slow_compile(key):
+        time.sleep(0.3)
+        compiles.append(threading.current_thread().name)
+        return real.compile_structural_tag(key)
+
+    grammar.compiler = SimpleNamespace(compile_structural_tag=slow_compile)
+    opening = native_call_opening(pipeline.spec, "get_weather")
+
+    async def run():
+        ticks, done = 0, asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(ticker())
+        await plan.prepare()
+        during = ticks
+        constraint = await plan.constraint(opening)
+        done.set()
+        await task
+        return during, constraint
+
+    ticks, constraint = asyncio.run(run())
+    assert compiles == ["grammar-compile"]  # one compile, on the grammar engine's thread, by `prepare`
+    assert ticks >= 10  # the loop ran all through it (0.3 s at 10 ms a tick)
+    assert constraint is not None and not constraint.is_terminated()
