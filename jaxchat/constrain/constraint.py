@@ -74,6 +74,11 @@ class GrammarConstraint:
         self.opener_ids = tuple(opener_ids)  # the tool opener: free text may contain it, strings not
         self.end_ids = tuple(end_ids)  # end-of-turn tokens: allowed where free text may end
 
+    @property
+    def compiled_grammar(self):
+        """The xgrammar compiled grammar this constraint matches (benchmarks compare with xgrammar alone)."""
+        return self._compiled
+
     def _new_matcher(self, compiled):
         if self._stops is None:
             return xgr.GrammarMatcher(compiled)
