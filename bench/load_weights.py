@@ -10,7 +10,7 @@ machine hits both; the min and the median of each are printed, and the ratio of 
     git worktree add /tmp/prev <commit>
     python bench/load_weights.py --against /tmp/prev [--model PATH] [--rounds 5]
 
-Both checkouts read the same cache file when their cache format is the same (`DEQUANT_CACHE_VERSION`); a first
+Both checkouts read the same cache file when their cache format is the same (`jaxchat.models.dequant_cache.VERSION`); a first
 round fills it (not counted) when it is missing.
 """
 

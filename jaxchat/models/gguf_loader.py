@@ -11,26 +11,29 @@ through transformers, the chat template from the `tokenizer.chat_template` metad
 the config alone.
 
 Dequantising is slow (tens of seconds for a 0.5B model), so the first load of a GGUF file writes the
-dequantised float32 tensors (fix-ups applied, HF names) to
-`$JAXCHAT_CACHE/dequantized/<stem>-<size>-<mtime_ns>-v<version>.safetensors` (with the config and chat
-template as metadata) and later loads read them from there (memory-mapped), without parsing the GGUF. JAXCHAT_DEQUANT_CACHE=0 turns the cache off; an unwritable cache only costs speed.
+dequantised float32 tensors (fix-ups applied, HF names) to the converted-weights cache (`dequant_cache`: with
+the config, chat template and checksums as metadata) and later loads read them from there (memory-mapped),
+without parsing the GGUF; a cache whose checksums fail is rebuilt, never used. JAXCHAT_DEQUANT_CACHE=0 turns
+the cache off; an unwritable cache only costs speed.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
+import logging
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from jaxchat.models import dequant_cache
 from jaxchat.models.base import LoadedModel
 from jaxchat.models.config import REQUIRED, ModelConfig, ModelLoadError, table
 from jaxchat.models.families import family_module, from_hf_config, gguf_families
 from jaxchat.models.weights import Tensor, assemble
+
+log = logging.getLogger(__name__)
 
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -167,86 +170,15 @@ def gguf_tokenizer(path: Path, template: str | None):
     return tok
 
 
-DEQUANT_CACHE_VERSION = 2  # bump when the fix-ups or names written to the cache change
-
-
 def dequantized_cache_file(path: Path) -> Path | None:
     """Where the dequantised tensors of the GGUF file at `path` are cached (None: caching is off)."""
-    if os.environ.get("JAXCHAT_DEQUANT_CACHE", "1") == "0":
-        return None
-    from jaxchat.assets import cache_dir
-
-    st = path.stat()
-    return cache_dir() / "dequantized" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}-v{DEQUANT_CACHE_VERSION}.safetensors"
+    return dequant_cache.cache_file(path)
 
 
 def _cached_tensors(handle) -> dict[str, Tensor]:
     return {name: Tensor(tuple(handle.get_slice(name).get_shape()), lambda name=name: handle.get_tensor(name),
                          lambda index, name=name: handle.get_slice(name)[index])  # a process's block (multi-host)
             for name in handle.keys()}  # noqa: SIM118 - safe_open handles are not iterable
-
-
-class _CacheWriter:
-    """Writes float32 tensors of known shapes into a safetensors file as they are loaded, one at a time
-    (the layout is fixed up front, so nothing is held in memory), and publishes the file only when every
-    tensor was written (`finish`). Any OSError turns it off: a read-only or full cache only costs speed."""
-
-    def __init__(self, file: Path, shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]) -> None:
-        import json
-
-        self.file, self.pending, self.offsets = file, set(shapes), {}
-        header, at = {"__metadata__": metadata}, 0
-        for name, shape in shapes.items():
-            size = 4 * int(np.prod(shape, dtype=np.int64))
-            header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [at, at + size]}
-            self.offsets[name], at = at, at + size
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
-        self.data_start = 8 + len(raw)
-        self.out = None
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            fd, self.tmp = tempfile.mkstemp(dir=file.parent, prefix=".tmp-", suffix=".safetensors")
-            self.out = os.fdopen(fd, "wb")
-            self.out.write(len(raw).to_bytes(8, "little") + raw)
-            self.out.truncate(self.data_start + at)
-        except OSError:
-            self.close()
-
-    def wrap(self, name: str, tensor: Tensor) -> Tensor:
-        def load():
-            x = tensor.load()
-            if self.out is not None:
-                try:
-                    self.out.seek(self.data_start + self.offsets[name])
-                    self.out.write(np.ascontiguousarray(x, "<f4").tobytes())
-                    self.pending.discard(name)
-                except OSError:
-                    self.close()
-            return x
-
-        return Tensor(tensor.shape, load)
-
-    def finish(self) -> None:
-        if self.out is None:
-            return
-        try:
-            self.out.close()
-            if not self.pending:
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from other users
-                os.replace(self.tmp, self.file)
-        except OSError:
-            pass
-        self.close()
-
-    def close(self) -> None:
-        if self.out is not None:
-            self.out.close()
-            self.out = None
-        if getattr(self, "tmp", None) and os.path.exists(self.tmp):
-            os.unlink(self.tmp)
 
 
 def _config_json(cfg: ModelConfig) -> str:
@@ -263,19 +195,8 @@ def _config_from_json(text: str) -> ModelConfig:
 
 
 def open_cache(cache: Path | None):
-    """The cache file's safetensors handle and metadata, or (None, None) when absent or unreadable."""
-    from safetensors import safe_open
-
-    if cache is None or not cache.exists():
-        return None, None
-    try:
-        handle = safe_open(str(cache), framework="numpy")
-        meta = handle.metadata() or {}
-        if "config" not in meta:
-            raise ValueError("no config")
-        return handle, meta
-    except Exception:  # noqa: BLE001 - unreadable or damaged: dequantise again (and rewrite it)
-        return None, None
+    """The cache file's safetensors handle and metadata, or (None, None) when absent, unreadable or unchecked."""
+    return dequant_cache.open_cache(cache)
 
 
 def _gguf_tensors(path: Path, reader) -> tuple[ModelConfig, str | None, dict[str, Tensor]]:
@@ -302,8 +223,8 @@ def fill_dequantized_cache(path: str | Path) -> Path | None:
     if cache is None or open_cache(cache)[0] is not None:
         return cache
     cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
-    writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
-                          {"config": _config_json(cfg), "chat_template": template or ""})
+    writer = dequant_cache.CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
+                                       {"config": _config_json(cfg), "chat_template": template or ""}, path)
     try:
         for name, tensor in tensors.items():
             writer.wrap(name, tensor).load()
@@ -327,7 +248,9 @@ def gguf_config(path: str | Path) -> ModelConfig:
 
 def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
     """A GGUF model; from the dequantised cache (config and chat template included) when there is one,
-    which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary)."""
+    which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary). The cache's
+    checksums are verified on a thread while its tensors are copied; a cache that fails them (`dequant_cache.
+    damage`) is dropped, with what was copied from it, and rebuilt from the GGUF (a warning says why)."""
     import gguf
 
     path = Path(path)
@@ -342,18 +265,27 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
         cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
         where = path.name
         if cache is not None:
-            writer = _CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
-                                  {"config": _config_json(cfg), "chat_template": template or ""})
+            writer = dequant_cache.CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
+                                               {"config": _config_json(cfg), "chat_template": template or ""}, path)
             tensors = {n: writer.wrap(n, t) for n, t in tensors.items()}
-    # the tokenizer loads on a thread while the weights are copied (numpy's copies release the GIL)
+    # the tokenizer loads, and the cache's checksums are verified, on threads while the weights are copied
+    # (numpy's copies and zlib's CRC release the GIL)
     cache_open = handle if handle is not None else contextlib.nullcontext()
-    with cache_open, concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxchat-tokenizer") as pool:
+    with cache_open, concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="jaxchat-load") as pool:
         tok = pool.submit(gguf_tokenizer, path, template) if tokenizer else None
+        damaged = pool.submit(dequant_cache.damage, cache, meta, path) if handle is not None else None
         try:
             graphdef, params = assemble(cfg, tensors, dtype, mesh, where=where, desc=desc)
         finally:
             if writer is not None:
                 writer.finish()
-        tok = tok.result() if tok is not None else None
+        why = damaged.result() if damaged is not None else None
+        tok = tok.result() if tok is not None and why is None else None
+    if why is not None:
+        log.warning("the converted-weights cache %s is not used: %s; converting %s again", cache, why, path.name)
+        del graphdef, params
+        with contextlib.suppress(OSError):
+            cache.unlink()
+        return load_gguf(path, dtype, mesh, tokenizer)
     return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
                        eos_token_ids=cfg.eos_token_ids, bos_token_id=cfg.bos_token_id, mesh=mesh, source=str(path))

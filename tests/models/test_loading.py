@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -219,3 +220,59 @@ def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
     assert gguf_loader.fill_dequantized_cache(path) == cache and cache.stat().st_mtime_ns == stamp  # kept
     monkeypatch.setenv("JAXCHAT_DEQUANT_CACHE", "0")
     assert gguf_loader.dequantized_cache_file(path) is None
+
+
+def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_path, monkeypatch, caplog):
+    """The cache holds the CRC-32 of its source GGUF and of each tensor. A flipped byte in a tensor of the cache,
+    or a GGUF replaced by another of the same size and mtime, is found on the next load: the cache is dropped
+    and rebuilt from the GGUF (dequantised again), and the params equal a fresh conversion's."""
+    import gguf.quants
+    import jax
+
+    from jaxchat.assets import asset_path
+    from jaxchat.models import dequant_cache, gguf_loader
+
+    source = tmp_path / "smollm2.gguf"
+    shutil.copyfile(asset_path("smollm2-135m-instruct-q4_1.gguf"), source)
+    monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
+    fresh = gguf_loader.load_gguf(source, tokenizer=False)
+    cache = gguf_loader.dequantized_cache_file(source)
+    handle, meta = dequant_cache.open_cache(cache)
+    assert handle is not None and dequant_cache.damage(cache, meta, source) is None
+    (tmp_path / "dequantized" / "smollm2-1-2-v2.safetensors").write_bytes(b"an old version's file")
+    dequants = []
+    real = gguf.quants.dequantize
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda *a, **k: dequants.append(1) or real(*a, **k))
+
+    def reload_and_check(why: str, reference) -> None:
+        dequants.clear()
+        caplog.clear()
+        again = gguf_loader.load_gguf(source, tokenizer=False)
+        assert dequants and why in caplog.text  # converted again, and the log says why
+        for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(again.params), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert dequant_cache.damage(cache, dequant_cache.open_cache(cache)[1], source) is None  # rebuilt whole
+
+    with open(cache, "r+b") as f:  # one byte of the last tensor's data
+        f.seek(-3, 2)
+        byte = f.read(1)
+        f.seek(-3, 2)
+        f.write(bytes([byte[0] ^ 0x40]))
+    reload_and_check("does not match its checksum", fresh)
+    assert not (tmp_path / "dequantized" / "smollm2-1-2-v2.safetensors").exists()  # the stale sibling went
+    stat = source.stat()
+    reader = gguf.GGUFReader(str(source))
+    start = int(reader.tensors[0].data_offset)  # one byte of the first tensor's data, same size and mtime
+    with open(source, "r+b") as f:
+        f.seek(start)
+        byte = f.read(1)
+        f.seek(start)
+        f.write(bytes([byte[0] ^ 0x01]))
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert gguf_loader.dequantized_cache_file(source) == cache  # the same key: size and mtime cannot tell
+    monkeypatch.setenv("JAXCHAT_DEQUANT_CACHE", "0")
+    changed = gguf_loader.load_gguf(source, tokenizer=False)  # what the changed file converts to
+    monkeypatch.setenv("JAXCHAT_DEQUANT_CACHE", "1")
+    assert any((np.asarray(a) != np.asarray(b)).any()
+               for a, b in zip(jax.tree.leaves(fresh.params), jax.tree.leaves(changed.params), strict=True))
+    reload_and_check("is not the file it was made from", changed)
