@@ -104,8 +104,8 @@ def main() -> int:
 
 
 def library_matcher(constraint) -> xgr.GrammarMatcher:
-    """xgrammar's own matcher on the constraint's compiled grammar, past the same prefill."""
-    matcher = xgr.GrammarMatcher(constraint.compiled_grammar)
+    """xgrammar's own matcher on the constraint's compiled grammar and stop tokens, past the same prefill."""
+    matcher = constraint.fresh_matcher()
     if constraint.prefill:
         matcher.accept_string(constraint.prefill.encode())
     return matcher

@@ -12,8 +12,8 @@ declared tool, at the start of a line after blank lines and spaces or tabs, wher
     the first generation's (the second finds the prompt's pages the first just computed), and `max_tokens`
     what the opening leaves; its grammar constraint (`RestartPlan.constraint`, awaited: the pipeline's is
     the request's under tool_choice "required", calls only, compiled on the grammar engine's threads, never
-    on the event loop; `RestartPlan.prepare` starts that compile beside the first generation, so it is
-    usually ready when the call is decided) starts after the opening, so
+    on the event loop; `RestartPlan.prepare` starts that compile as soon as the reply begins like an
+    envelope, so it is usually ready when the call is decided) starts after the opening, so
     the call and any that follow are the native grammar's and nothing but calls follows (the model chose to
     call; left free text after its calls, the small model writes stray end markers and the same call again
     as bare JSON). Each call after its first complete one is held back until it is complete; one that
@@ -61,13 +61,13 @@ class RestartPlan:
     constraint: Callable[[str], Awaitable[Any]]  # the request's constraint, started after the given opening
     call_markers: tuple[str, str] = ("", "")  # the format's call start and end markers (repeats: none without)
     fits: Callable[[int], bool] = lambda tokens: True  # whether a prompt of that many tokens fits the KV pool
-    prepare: Callable[[], Awaitable[None]] | None = None  # run beside the first generation (compiles `constraint`'s grammar)
+    prepare: Callable[[], Awaitable[None]] | None = None  # compiles `constraint`'s grammar ahead (an envelope begins)
 
 
 async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> AsyncIterator[GenerationOutput]:
     deciding, held, text, cached = True, [], "", 0  # deciding: the reply may still open with an envelope
     first = engine.generate(request)
-    preparing = asyncio.ensure_future(plan.prepare()) if plan.prepare is not None else None
+    preparing = None  # the restart's grammar compile, started once the reply begins like an envelope
     try:
         async for out in first:
             if not deciding:
@@ -78,6 +78,8 @@ async def restarted(engine, request: GenerationRequest, plan: RestartPlan) -> As
             cached = max(cached, out.num_cached_tokens)
             body = _envelope_body(text)
             read = read_envelope(body, plan.names, partial=True) if body else None
+            if preparing is None and plan.prepare is not None and read is not None and not read.rejected:
+                preparing = asyncio.ensure_future(plan.prepare())
             decided = read is not None and read.calls and not out.finished
             restart = await _restart(request, plan, read.calls[0].name) if decided else None
             if restart is not None:

@@ -6,7 +6,8 @@ Contract:
   allowed-token bitmask into `row` (numpy int32, the layout of `jaxchat.bitmask`; xgrammar writes
   it in place, no copy); `GrammarConstraint.fill_masks(constraints, rows)` fills several at once (one batched
   xgrammar call over its thread pool: the engine's host loop uses it); `accept(token)` advances (False when the grammar rejected the token);
-  `accept_forced(token)` advances by a token the model was made to emit; `is_terminated()`.
+  `accept_forced(token)` advances by a token the model was made to emit; `is_terminated()`;
+  `fresh_matcher()`: a new xgrammar matcher of the same grammar and stop tokens (benchmarks compare with it).
 - Jump-forward: `forced_text()` is the continuation the grammar admits as the only one (xgrammar's
   jump-forward string); `accept_jumped(token)` advances by one token of it, or returns False and leaves
   the state as it was when the grammar does not take that token id.
@@ -74,10 +75,9 @@ class GrammarConstraint:
         self.opener_ids = tuple(opener_ids)  # the tool opener: free text may contain it, strings not
         self.end_ids = tuple(end_ids)  # end-of-turn tokens: allowed where free text may end
 
-    @property
-    def compiled_grammar(self):
-        """The xgrammar compiled grammar this constraint matches (benchmarks compare with xgrammar alone)."""
-        return self._compiled
+    def fresh_matcher(self) -> xgr.GrammarMatcher:
+        """A new xgrammar matcher of this constraint's grammar and stop tokens, at its start."""
+        return self._new_matcher(self._compiled)
 
     def _new_matcher(self, compiled):
         if self._stops is None:

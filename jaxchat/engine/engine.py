@@ -387,15 +387,16 @@ class Engine:
         fit = pool_plan.plan_pool(memory, temporaries=temporaries, state=state, per_page=per_page, fixed=fixed,
                                   page_size=page, max_batch=rows, max_context=shapes["max_context"], devices=devices,
                                   device_name=self.mesh.devices.flat[0].device_kind, kv_cache_gib=kv_cache_gib)
-        if not fit.fits:
-            raise ValueError(fit.message)
+        pages = pool_plan.least_over_processes(fit.pages if fit.fits else 0)  # one pool for every process
+        if pages == 0:
+            raise ValueError(fit.message or "another process's devices cannot hold one row of max_context")
         self.pool_memory = {"bytes_limit": memory.bytes_limit, "bytes_in_use": memory.bytes_in_use,
                             "temporaries": temporaries, "temporaries_how": how, "state": state, "page_bytes": per_page}
         gib = 1 << 30
         log.info("KV pool plan per device: %.2f GiB of %.2f in use after the weights, step temporaries %.2f GiB "
                  "(%s), device state %.2f GiB, %.1f KiB a page", memory.bytes_in_use / gib,
                  memory.bytes_limit / gib, temporaries / gib, how, state / gib, per_page / 1024)
-        return fit.pages
+        return pages
 
     @property
     def burst_gap_s(self) -> float:

@@ -4,9 +4,10 @@
 Contract:
 - `device_memory(mesh) -> DeviceMemory | None`: `bytes_limit` and `bytes_in_use` of the mesh's device with the
   least memory left (after the weights are placed: they are what is in use); None when a device does not say
-  (XLA:CPU). On several processes the least over all of them, so every process plans the same pool.
-- `pool_bytes(new_pools, mesh, page_size, max_batch, pages, stacked, pool_head_axis, padded)`: the most bytes one
-  device holds of a pool of `pages` pages, sharded as `step.StepRunner` shards it (abstract arrays: nothing is
+  (XLA:CPU), and on several processes when any process's does not say; else the least over all of them.
+- `least_over_processes(value)`: the least of an int over every process (the engine takes its page count so).
+- `pool_bytes(new_pools, mesh, pages, stacked, pool_head_axis, padded)`: the most bytes one device holds of a
+  pool of `pages` pages (`new_pools(n)` builds them), sharded as `step.StepRunner` shards it (abstract arrays: nothing is
   allocated); `padded`: each shard counted as TPU HBM lays it out (`slice_plan.tpu_bytes`: a head_dim of 64
   takes 128 lanes), else its plain bytes.
 - `page_bytes(...) -> (per_page, fixed)`: one page's bytes per device, and the pool bytes per device that do not
@@ -14,8 +15,10 @@ Contract:
 - `step_temporaries(runner) -> int | None`: the most memory one step takes beyond its arguments, over the
   largest program of each kind (the most tokens and rows: ragged, decode, verify, sample): XLA's
   `memory_analysis()` of each compiled program, its temporaries plus the outputs not aliased to a donated
-  argument (the logits). The programs compile through the runner's executable store, so a warm start loads
-  them. None when the platform gives no analysis. They do not depend on the pool's size (the pool is donated
+  argument (the logits). The programs compile through the runner's executable store, so a warm start of one
+  process with a store loads them; a cold start compiles these largest programs twice (here over a one-row
+  pool, then at warm-up over the planned one), a cost paid only where a device reports its memory. None when
+  the platform gives no analysis (or a compile fails). They do not depend on the pool's size (the pool is donated
   and written in place; `tests/engine/test_pool_plan.py`), so a probe runner over a one-row pool measures them.
 - `plan_pool(memory, *, temporaries, state, per_page, fixed, ...) -> slice_plan.PoolFit`: `slice_plan.fit_pages`
   on the device's own figures (`bytes_limit` as its HBM, `bytes_in_use` as the weights), the same arithmetic as
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import astuple
 from typing import Any
 
 import jax
@@ -42,7 +46,7 @@ class DeviceMemory:
     bytes_in_use: int
 
 
-def device_memory(mesh: Any) -> DeviceMemory | None:
+def _local_memory(mesh: Any) -> DeviceMemory | None:
     least: DeviceMemory | None = None
     for dev in mesh.devices.flat:
         if dev.process_index != jax.process_index():
@@ -53,14 +57,30 @@ def device_memory(mesh: Any) -> DeviceMemory | None:
         mem = DeviceMemory(int(stats["bytes_limit"]), int(stats.get("bytes_in_use", 0)))
         if least is None or mem.bytes_limit - mem.bytes_in_use < least.bytes_limit - least.bytes_in_use:
             least = mem
-    if least is not None and jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        both = np.asarray(multihost_utils.process_allgather(np.array([least.bytes_limit, least.bytes_in_use],
-                                                                     np.int64)))
-        worst = int(np.argmin(both[:, 0] - both[:, 1]))
-        least = DeviceMemory(int(both[worst, 0]), int(both[worst, 1]))
     return least
+
+
+def device_memory(mesh: Any) -> DeviceMemory | None:
+    least = _local_memory(mesh)
+    if jax.process_count() == 1:
+        return least
+    from jax.experimental import multihost_utils  # every process takes part, whatever its own answer
+
+    mine = np.array([least is not None, *(astuple(least) if least is not None else (0, 0))], np.int64)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3)
+    if not every[:, 0].all():
+        return None
+    worst = int(np.argmin(every[:, 1] - every[:, 2]))
+    return DeviceMemory(int(every[worst, 1]), int(every[worst, 2]))
+
+
+def least_over_processes(value: int) -> int:
+    """The least of `value` over every process (each calls it): one pool size for the whole mesh."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(np.asarray(multihost_utils.process_allgather(np.array([value], np.int64))).min())
 
 
 def _device_bytes(tree: Any, padded: bool) -> int:

@@ -94,6 +94,11 @@ def fit_pages(*, hbm_bytes: int, weights: int, state: int, temporaries: int, pag
     if pages >= per_row + 1:
         return PoolFit(pages, wanted, free, page_bytes, True, "")
     gib = 1 << 30
+    if kv_cache_gib is not None and budget < free:  # the flag, not the chip, is too small
+        return PoolFit(max(pages, 0), wanted, free, page_bytes, False, (
+            f"--kv-cache-gib {kv_cache_gib:g} holds {max(pages, 0)} pages of {page_size} tokens per chip; one row "
+            f"of {max_context} tokens needs {per_row + 1}: give more --kv-cache-gib (the chip has "
+            f"{free / gib:.2f} GiB left for the pool) or a shorter --max-context"))
     need = weights + state + temporaries + fixed + reserve + (per_row + 1) * page_bytes
     over = need - hbm_bytes
     parts = [f"does not fit {devices} x {chip} ({hbm_bytes / gib:.1f} GiB HBM per chip): weights "

@@ -49,7 +49,9 @@ Contract:
   num_pages / devices pages; the engine makes the page count divide); everything else is replicated. The
   device state is created in place by one jitted program with those output shardings (never whole on one
   device). `abstract_arrays=True`: params and state are `jax.ShapeDtypeStruct`s with those shardings and
-  nothing is allocated; `lower(key, platform)` lowers a program for another platform (`engine.lowering`).
+  nothing is allocated; `lower(key, platform)` lowers a program for another platform (`engine.lowering`);
+  `compile(key)` compiles one (or loads it from the executable store) without keeping it (`engine.pool_plan`
+  reads its memory analysis).
 """
 
 from __future__ import annotations

@@ -3,19 +3,22 @@ checked by content before they are used.
 
 Contract:
 - `cache_file(path)`: where the GGUF file at `path` is cached:
-  `$JAXCHAT_CACHE/dequantized/<stem>-<size>-<mtime_ns>-f32-v<VERSION>.safetensors` (size and mtime find it
-  fast; the stored dtype and the format version are in the name); None when JAXCHAT_DEQUANT_CACHE=0.
+  `$JAXCHAT_CACHE/dequantized/<stem>-<where>-<size>-<mtime_ns>-f32-v<VERSION>.safetensors` (`where`: a hash of
+  the file's absolute path, so two `model.gguf` in two folders do not share one; size and mtime find it fast;
+  the stored dtype and the format version are in the name); None when JAXCHAT_DEQUANT_CACHE=0.
 - `CacheWriter(file, shapes, metadata, source)` writes float32 tensors of known shapes into the file as they
   are loaded (`wrap(name, tensor)`), one at a time (the layout is fixed up front, nothing is held in memory),
-  and publishes it (`finish`) only when every tensor was written, with two checksums in its metadata: the
-  CRC-32 of the source GGUF file's content (`source_crc32`) and of each tensor's bytes (`tensor_crc32`, a JSON
-  object). Publishing removes the same GGUF's caches of other keys or versions (a stale file of gigabytes).
+  and publishes it (`finish`) only when every tensor was written, with checksums in its metadata: the CRC-32
+  of the source GGUF file's content (`source_crc32`), of the other metadata (`metadata_crc32`) and of each
+  tensor's bytes (`tensor_crc32`, a JSON object). Publishing removes the caches of the same path under other
+  sizes, mtimes or versions (stale files of gigabytes), and version 2's files of the same stem.
   Any OSError turns the writer off: a read-only or full cache only costs speed.
 - `open_cache(file)` -> (safetensors handle, metadata), or (None, None) when absent, unreadable or without
   checksums.
 - `damage(file, metadata, source)` -> None when the cache holds what it says, else why not: the source GGUF's
-  content is not the one it was made from (a file replaced with the same size and mtime), or a tensor's bytes
-  do not match their checksum (a damaged file). It reads both files whole (zlib's CRC-32, ~2 GB/s here: the
+  content is not the one it was made from (a file replaced with the same size and mtime), its metadata (config,
+  chat template) or a tensor's bytes do not match their checksums (a damaged file), or the check itself could
+  not run (an unreadable file, a malformed header); it never raises. It reads both files whole (zlib's CRC-32, ~2 GB/s here: the
   loader runs it on a thread beside the copy into device arrays, and drops what it copied when this fails).
 """
 
@@ -41,7 +44,9 @@ def cache_file(path: Path) -> Path | None:
     from jaxchat.assets import cache_dir
 
     st = path.stat()
-    return cache_dir() / "dequantized" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}-f32-v{VERSION}.safetensors"
+    where = f"{zlib.crc32(str(path.resolve()).encode()):08x}"
+    return (cache_dir() / "dequantized"
+            / f"{path.stem}-{where}-{st.st_size}-{st.st_mtime_ns}-f32-v{VERSION}.safetensors")
 
 
 def file_crc32(path: Path, start: int = 0, length: int | None = None) -> str:
@@ -84,7 +89,8 @@ class CacheWriter:
         """The safetensors header (padded to 8 bytes); the checksums are fixed-width, so placeholders first and
         the real values at `finish` take the same bytes."""
         ordered = {name: crcs[name] for name in self.layout}  # the file's order, whatever order they were loaded in
-        metadata = {**self.metadata, "source_crc32": source_crc, "tensor_crc32": json.dumps(ordered, separators=(",", ":"))}
+        metadata = {**self.metadata, "metadata_crc32": metadata_crc32(self.metadata), "source_crc32": source_crc,
+                    "tensor_crc32": json.dumps(ordered, separators=(",", ":"))}
         raw = json.dumps({"__metadata__": metadata, **self.layout}, separators=(",", ":")).encode()
         return raw + b" " * (-len(raw) % 8)
 
@@ -134,12 +140,19 @@ class CacheWriter:
             os.unlink(self.tmp)
 
 
+def metadata_crc32(metadata: dict[str, str]) -> str:
+    """The CRC-32 of the metadata a writer was given (config, chat template), whatever its order."""
+    return f"{zlib.crc32(json.dumps(metadata, sort_keys=True).encode()):08x}"
+
+
 def _remove_stale_siblings(file: Path) -> None:
-    """Delete the same GGUF's caches under other keys or versions (this module's names, and version 2's)."""
-    key = re.match(r"(?P<stem>.+)-\d+-\d+-f32-v\d+\.safetensors$", file.name)
+    """Delete the caches of the same GGUF path under other sizes, mtimes or versions, and version 2's files of the
+    same stem (`<stem>-<size>-<mtime>-v2`: no reader of them is left)."""
+    key = re.match(r"(?P<stem>.+)-(?P<where>[0-9a-f]{8})-\d+-\d+-f32-v\d+\.safetensors$", file.name)
     if key is None:
         return
-    pattern = re.compile(re.escape(key["stem"]) + r"-\d+-\d+(-f32)?-v\d+\.safetensors$")
+    stem = re.escape(key["stem"])
+    pattern = re.compile(rf"{stem}-{key['where']}-\d+-\d+-f32-v\d+\.safetensors|{stem}-\d+-\d+-v2\.safetensors")
     for other in file.parent.iterdir():
         if other != file and pattern.fullmatch(other.name):
             try:
@@ -156,7 +169,7 @@ def open_cache(file: Path | None):
     try:
         handle = safe_open(str(file), framework="numpy")
         meta = handle.metadata() or {}
-        if not {"config", "source_crc32", "tensor_crc32"} <= meta.keys():
+        if not {"config", "metadata_crc32", "source_crc32", "tensor_crc32"} <= meta.keys():
             raise ValueError("no config or checksums")
         return handle, meta
     except Exception:  # noqa: BLE001 - unreadable or damaged: dequantise again (and rewrite it)
@@ -164,6 +177,16 @@ def open_cache(file: Path | None):
 
 
 def damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
+    try:
+        return _damage(file, metadata, source)
+    except Exception as exc:  # noqa: BLE001 - a check that cannot run is a cache that cannot be trusted
+        return f"its checksums could not be verified ({type(exc).__name__}: {exc})"
+
+
+def _damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
+    given = {k: v for k, v in metadata.items() if k not in ("metadata_crc32", "source_crc32", "tensor_crc32")}
+    if metadata_crc32(given) != metadata["metadata_crc32"]:
+        return "its metadata (config, chat template) does not match its checksum (a damaged file)"
     if file_crc32(source) != metadata["source_crc32"]:
         return f"{source.name} is not the file it was made from (its content changed)"
     with open(file, "rb") as f:

@@ -246,17 +246,19 @@ def gguf_config(path: str | Path) -> ModelConfig:
     return _gguf_tensors(path, gguf.GGUFReader(str(path)))[0]
 
 
-def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True) -> LoadedModel:
+def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True, *,
+              _read_cache: bool = True) -> LoadedModel:
     """A GGUF model; from the dequantised cache (config and chat template included) when there is one,
     which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary). The cache's
     checksums are verified on a thread while its tensors are copied; a cache that fails them (`dequant_cache.
-    damage`) is dropped, with what was copied from it, and rebuilt from the GGUF (a warning says why)."""
+    damage`) is never served: what was copied from it is dropped, and the model is converted from the GGUF
+    again (once: `_read_cache=False`), which writes a new cache (a warning says why)."""
     import gguf
 
     path = Path(path)
     cache = dequantized_cache_file(path)
     desc = f"loading {path.name}"
-    handle, meta = open_cache(cache)
+    handle, meta = open_cache(cache) if _read_cache else (None, None)
     writer = None
     if handle is not None:
         cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
@@ -286,6 +288,6 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
         del graphdef, params
         with contextlib.suppress(OSError):
             cache.unlink()
-        return load_gguf(path, dtype, mesh, tokenizer)
+        return load_gguf(path, dtype, mesh, tokenizer, _read_cache=False)
     return LoadedModel(cfg, graphdef, params, dtype, tokenizer=tok, chat_template=template,
                        eos_token_ids=cfg.eos_token_ids, bos_token_id=cfg.bos_token_id, mesh=mesh, source=str(path))

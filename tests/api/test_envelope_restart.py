@@ -290,3 +290,33 @@ def test_the_restarts_grammar_compiles_beside_the_first_generation_and_off_the_e
     assert compiles == ["grammar-compile"]  # one compile, on the grammar engine's thread, by `prepare`
     assert ticks >= 10  # the loop ran all through it (0.3 s at 10 ms a tick)
     assert constraint is not None and not constraint.is_terminated()
+
+
+@pytest.mark.parametrize(("reply", "prepared"), [(FENCED, 1), ("Hello, I cannot call a tool here.", 0)],
+                         ids=["an_envelope_begins", "plain_text"])
+def test_the_restarts_grammar_is_prepared_only_once_a_reply_begins_like_an_envelope(reply, prepared):
+    import asyncio
+
+    from jaxchat.api.envelope_restart import RestartPlan, restarted
+    from jaxchat.engine.types import GenerationRequest, SamplingParams
+
+    spec, calls = chat_format_make("hermes_json"), []
+
+    class Engine:
+        async def generate(self, request):  # a delta a step, the event loop running between them
+            for i, piece in enumerate(reply):
+                await asyncio.sleep(0)
+                yield GenerationOutput("r", [7], piece, i == len(reply) - 1, "stop" if i == len(reply) - 1 else None)
+
+    async def prepare():
+        calls.append(1)
+
+    plan = RestartPlan(frozenset({"get_weather"}), lambda name: native_call_opening(spec, name),
+                       lambda text: [9] * len(text), _no_grammar, (spec.tool_start, spec.tool_end), prepare=prepare)
+
+    async def run():
+        request = GenerationRequest([1, 2], SamplingParams(max_tokens=100))
+        return [out async for out in restarted(Engine(), request, plan)]
+
+    asyncio.run(run())
+    assert len(calls) == prepared

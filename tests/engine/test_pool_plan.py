@@ -39,9 +39,6 @@ def test_the_steps_temporaries_are_read_from_the_compiled_programs_and_do_not_de
     small, large = _probe(model, 5), _probe(model, 401)
     measured = pool_plan.step_temporaries(small)
     assert measured == pool_plan.step_temporaries(large) and measured > 0
-    largest = max(k for k in small.program_keys() if k[0] == "ragged")
-    stats = small.compile(largest).memory_analysis()
-    assert measured >= stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
 
 
 def test_the_pool_takes_what_the_device_has_left_after_weights_state_temporaries_and_headroom(monkeypatch):
@@ -61,14 +58,20 @@ def test_the_pool_takes_what_the_device_has_left_after_weights_state_temporaries
 
 
 def test_a_device_too_small_for_one_row_is_refused_with_what_would_fit(monkeypatch):
-    # 256 bytes of pool a token: a row of 2^22 tokens takes 1 GiB; the message says what is over, by how much
-    with pytest.raises(ValueError, match=r"does not fit .* step temporaries [\d.]+ GiB, one row of 4194304 tokens "
-                                         r"1\.00 GiB per chip: [\d.]+ GiB over"):
-        _engine(monkeypatch, 64 * MIB, 40 * MIB, max_context=1 << 22)
-    fit = pool_plan.plan_pool(pool_plan.DeviceMemory(8 * MIB, 6 * MIB), temporaries=3 * MIB, state=0, per_page=4096,
+    # 256 bytes of pool a token: a row of 2^17 tokens takes 32 MiB; the message says what is over, by how much
+    with pytest.raises(ValueError, match=r"does not fit .* step temporaries [\d.]+ GiB, one row of 131072 tokens "
+                                         r"0\.03 GiB per chip: [\d.]+ GiB over"):
+        _engine(monkeypatch, 64 * MIB, 40 * MIB, max_context=1 << 17)
+    gib = 1 << 30
+    fit = pool_plan.plan_pool(pool_plan.DeviceMemory(8 * gib, 6 * gib), temporaries=3 * gib, state=0, per_page=4096,
                               fixed=0, page_size=16, max_batch=4, max_context=64, devices=1, device_name="TPU v5 lite")
-    assert not fit.fits and fit.pages == 0 and "step temporaries 0.00 GiB" in fit.message  # the temporaries alone
+    assert not fit.fits and fit.pages == 0 and "step temporaries 3.00 GiB" in fit.message  # the temporaries alone
     assert "--devices" not in fit.message  # `jaxchat lower`'s flag, not the server's
+    fit = pool_plan.plan_pool(pool_plan.DeviceMemory(8 * gib, 1 * gib), temporaries=MIB, state=0, per_page=MIB,
+                              fixed=0, page_size=16, max_batch=4, max_context=4096, devices=1, device_name="TPU v5 lite",
+                              kv_cache_gib=0.1)  # 102 pages where one row needs 257: the flag is too small
+    assert not fit.fits and fit.message.startswith("--kv-cache-gib 0.1 holds 102 pages of 16 tokens per chip; one row "
+                                                   "of 4096 tokens needs 257: give more --kv-cache-gib")
     with pytest.raises(ValueError, match="kv_cache_gib must be positive"):
         _engine(monkeypatch, 64 * MIB, 8 * MIB, kv_cache_gib=0)
 

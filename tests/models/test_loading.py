@@ -238,7 +238,12 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
     fresh = gguf_loader.load_gguf(source, tokenizer=False)
     cache = gguf_loader.dequantized_cache_file(source)
     handle, meta = dequant_cache.open_cache(cache)
-    assert handle is not None and dequant_cache.damage(cache, meta, source) is None
+    with handle:
+        assert dequant_cache.damage(cache, meta, source) is None
+    broken = {**meta, "tensor_crc32": "not json"}  # a check that cannot run says so, and never raises
+    assert dequant_cache.damage(cache, broken, source).startswith("its checksums could not be verified")
+    edited = {**meta, "config": meta["config"].replace('"num_layers": ', '"num_layers": 1')}
+    assert "its metadata" in dequant_cache.damage(cache, edited, source)
     (tmp_path / "dequantized" / "smollm2-1-2-v2.safetensors").write_bytes(b"an old version's file")
     dequants = []
     real = gguf.quants.dequantize
@@ -251,7 +256,9 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
         assert dequants and why in caplog.text  # converted again, and the log says why
         for a, b in zip(jax.tree.leaves(reference.params), jax.tree.leaves(again.params), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        assert dequant_cache.damage(cache, dequant_cache.open_cache(cache)[1], source) is None  # rebuilt whole
+        handle, meta = dequant_cache.open_cache(cache)
+        with handle:
+            assert dequant_cache.damage(cache, meta, source) is None  # rebuilt whole
 
     with open(cache, "r+b") as f:  # one byte of the last tensor's data
         f.seek(-3, 2)
