@@ -383,7 +383,7 @@ class Engine:
                                                            shapes["max_batch"], devices), "estimated"
         del probe
         rows, vocab = shapes["max_batch"], shapes["vocab_size"]
-        state = 2 * slice_plan.tpu_bytes((rows, vocab), "int32") if padded else 5 * rows * vocab
+        state = slice_plan.state_bytes(rows, vocab, padded)
         fit = pool_plan.plan_pool(memory, temporaries=temporaries, state=state, per_page=per_page, fixed=fixed,
                                   page_size=page, max_batch=rows, max_context=shapes["max_context"], devices=devices,
                                   device_name=self.mesh.devices.flat[0].device_kind, kv_cache_gib=kv_cache_gib)

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import NamedSharding
 
 from jaxchat.engine import attention_tpu, chips, engine, pool_plan, replicas, slice_plan
@@ -174,7 +173,7 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     per_page, fixed = pool_plan.page_bytes(new_pools, mesh, stacked, backend.pool_head_axis, padded=True)
     weights = slice_plan.chip_bytes(step_model.params)
     vocab = cfg.vocab_size
-    state = 2 * slice_plan.tpu_bytes((max_batch, vocab), np.int32)  # counts i32 and the prompt mask (padded)
+    state = slice_plan.state_bytes(max_batch, vocab)
     temps = slice_plan.step_temporaries(cfg, step_tokens, max_batch, devices)
     fit = slice_plan.fit_pages(hbm_bytes=chip.hbm_bytes, weights=weights, state=state, temporaries=temps,
                                page_bytes=per_page, fixed=fixed,

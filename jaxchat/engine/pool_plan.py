@@ -7,9 +7,9 @@ Contract:
   (XLA:CPU), and on several processes when any process's does not say; else the least over all of them.
 - `least_over_processes(value)`: the least of an int over every process (the engine takes its page count so).
 - `pool_bytes(new_pools, mesh, pages, stacked, pool_head_axis, padded)`: the most bytes one device holds of a
-  pool of `pages` pages (`new_pools(n)` builds them), sharded as `step.StepRunner` shards it (abstract arrays: nothing is
-  allocated); `padded`: each shard counted as TPU HBM lays it out (`slice_plan.tpu_bytes`: a head_dim of 64
-  takes 128 lanes), else its plain bytes.
+  pool of `pages` pages (`new_pools(n)` builds them), sharded as `step.StepRunner` shards it (abstract arrays:
+  nothing is allocated); `padded`: each shard counted as TPU HBM lays it out (`slice_plan.chip_bytes`: a
+  head_dim of 64 takes 128 lanes), else its plain bytes.
 - `page_bytes(...) -> (per_page, fixed)`: one page's bytes per device, and the pool bytes per device that do not
   grow with the pages (recurrent layers' states), from two pool sizes.
 - `step_temporaries(runner) -> int | None`: the most memory one step takes beyond its arguments, over the
@@ -83,24 +83,13 @@ def least_over_processes(value: int) -> int:
     return int(np.asarray(multihost_utils.process_allgather(np.array([value], np.int64))).min())
 
 
-def _device_bytes(tree: Any, padded: bool) -> int:
-    if padded:
-        return slice_plan.chip_bytes(tree) if jax.tree.leaves(tree) else 0
-    per_device: dict[Any, int] = {}
-    for x in jax.tree.leaves(tree):
-        shard = x.sharding.shard_shape(x.shape)
-        for dev in x.sharding.device_set:
-            per_device[dev] = per_device.get(dev, 0) + int(np.prod(shard)) * np.dtype(x.dtype).itemsize
-    return max(per_device.values(), default=0)
-
-
 def pool_bytes(new_pools: Callable[[int], Any], mesh: Any, pages: int, stacked: bool, pool_head_axis: int,
                padded: bool) -> int:
     """`new_pools(pages)` builds the zeroed pools (traced for their shapes only)."""
     shapes = jax.eval_shape(lambda: new_pools(pages))
     shardings = pool_shardings(shapes, mesh, 2 if stacked else 1, pages, pool_head_axis + stacked,
                                page_axis=int(stacked))
-    return _device_bytes(abstract(shapes, shardings), padded)
+    return slice_plan.chip_bytes(abstract(shapes, shardings), padded)
 
 
 def page_bytes(new_pools: Callable[[int], Any], mesh: Any, stacked: bool, pool_head_axis: int,

@@ -5,8 +5,10 @@ Contract:
 - `tpu_bytes(shape, dtype)`: the bytes an array takes in TPU HBM (an estimate of XLA's layout): its two minor
   dims padded to the tiles, the minor to 128 lanes, the second minor to 1, 2, 4 or a multiple of 8 rows of 32
   bits (bf16: two to a row, so 6 bf16 rows take 16); a 1-D array pads to 128.
-- `chip_bytes(tree)`: the most bytes any one device holds of a pytree of `jax.ShapeDtypeStruct`s with
-  shardings (each array's shard shape, `tpu_bytes`).
+- `chip_bytes(tree, padded=True)`: the most bytes any one device holds of a pytree of `jax.ShapeDtypeStruct`s
+  with shardings (each array's shard shape, `tpu_bytes`; `padded=False`: its plain bytes, as a GPU holds it).
+- `state_bytes(rows, vocab, padded=True)`: the device state one chip holds beside the pool (the sampler's int32
+  counts and bool prompt mask, one row per slot; `padded`: a bool row takes 32 bits as TPU lays it out).
 - `step_temporaries(config, tokens, rows, shards)`: an estimate of the largest step's temporaries on one chip
   (the activations of `tokens` tokens through one layer, f32, the MLP and heads split over `shards`, and the
   f32 logits of `rows` rows, three times for the sampler's work): XLA's own memory analysis needs the chip.
@@ -44,14 +46,19 @@ def tpu_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     return int(math.prod(dims)) * item
 
 
-def chip_bytes(tree: Any) -> int:
+def chip_bytes(tree: Any, padded: bool = True) -> int:
     per_device: dict[Any, int] = {}
     for x in jax.tree.leaves(tree):
         sharding = x.sharding
         shard = sharding.shard_shape(x.shape)
+        size = tpu_bytes(shard, x.dtype) if padded else math.prod(shard) * np.dtype(x.dtype).itemsize
         for dev in sharding.device_set:
-            per_device[dev] = per_device.get(dev, 0) + tpu_bytes(shard, x.dtype)
+            per_device[dev] = per_device.get(dev, 0) + size
     return max(per_device.values(), default=0)
+
+
+def state_bytes(rows: int, vocab: int, padded: bool = True) -> int:
+    return 2 * tpu_bytes((rows, vocab), np.int32) if padded else 5 * rows * vocab
 
 
 def step_temporaries(config: Any, tokens: int, rows: int, shards: int) -> int:

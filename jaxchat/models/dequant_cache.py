@@ -36,6 +36,7 @@ import numpy as np
 VERSION = 3  # bump when the fix-ups, names or checksums written to the cache change
 _BLOCK = 1 << 24
 _PLACEHOLDER = "00000000"
+_CHECKSUMS = ("metadata_crc32", "source_crc32", "tensor_crc32")  # metadata keys the writer adds
 
 
 def cache_file(path: Path) -> Path | None:
@@ -169,7 +170,7 @@ def open_cache(file: Path | None):
     try:
         handle = safe_open(str(file), framework="numpy")
         meta = handle.metadata() or {}
-        if not {"config", "metadata_crc32", "source_crc32", "tensor_crc32"} <= meta.keys():
+        if not {"config", *_CHECKSUMS} <= meta.keys():
             raise ValueError("no config or checksums")
         return handle, meta
     except Exception:  # noqa: BLE001 - unreadable or damaged: dequantise again (and rewrite it)
@@ -184,7 +185,7 @@ def damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
 
 
 def _damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
-    given = {k: v for k, v in metadata.items() if k not in ("metadata_crc32", "source_crc32", "tensor_crc32")}
+    given = {k: v for k, v in metadata.items() if k not in _CHECKSUMS}
     if metadata_crc32(given) != metadata["metadata_crc32"]:
         return "its metadata (config, chat template) does not match its checksum (a damaged file)"
     if file_crc32(source) != metadata["source_crc32"]:

@@ -48,7 +48,7 @@ def test_the_pool_takes_what_the_device_has_left_after_weights_state_temporaries
     assert engine.pool_memory["temporaries_how"] == "measured"
     temporaries = engine.pool_memory["temporaries"]
     assert temporaries == pool_plan.step_temporaries(runner)  # the probe measured what the real programs take
-    pool = pool_plan._device_bytes(runner.state.pools, padded=False)
+    pool = slice_plan.chip_bytes(runner.state.pools, padded=False)
     state = 5 * 64 * 320  # the sampler's counts (int32) and prompt mask (bool), one row per slot
     left = limit * (1 - slice_plan.HEADROOM) - in_use - state - temporaries
     page = pool / runner.num_pages
@@ -78,7 +78,7 @@ def test_a_device_too_small_for_one_row_is_refused_with_what_would_fit(monkeypat
 
 def test_kv_cache_gib_is_per_device_and_greedy_tokens_equal_the_cpu_sized_pool(monkeypatch):
     planned = _engine(monkeypatch, 1 << 34, 8 * MIB, kv_cache_gib=1 / 1024)  # 1 MiB of pages per device
-    per_page = pool_plan._device_bytes(planned.runner.state.pools, padded=False) / planned.runner.num_pages
+    per_page = slice_plan.chip_bytes(planned.runner.state.pools, padded=False) / planned.runner.num_pages
     assert abs(planned.runner.num_pages * per_page - MIB) <= 2 * per_page
     monkeypatch.undo()
     plain = Engine(FakeModel(byte_tokenizer(), eos=(256,)), **SHAPES)
