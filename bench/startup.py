@@ -1,18 +1,21 @@
-"""Start-up benchmark: `jaxchat serve` from launch to a ready /health, cold (a fresh machine: an empty
-compilation cache and, for a GGUF model, no cached dequantised weights) vs warm (the caches the cold start
-filled), side by side in one run, with the ratio warm / cold.
+"""Start-up benchmark: `jaxchat serve` from spawning it to the first answered tool call, cold (an empty
+compilation cache and executable store; the converted-weights cache as `scripts/bootstrap.sh` left it, or
+removed with `--clear-weights`) and warm (the caches the cold start filled), and with `--against DIR` another
+checkout side by side in the same run, with the ratios this / other.
 
 Each start is a subprocess on a free 127.0.0.1 port with its own `--compile-cache` directory (a fresh
-temporary one for the cold start, the same one again for the warm start). Each start's own log line
-"Warm-up: N programs in S s (C compiled, L loaded ...)" is shown next to its time, so the share of the
-start that is compiling is visible. `--runs K` repeats the cold/warm pair K times on fresh caches.
+temporary one for the cold start, the same one again for the warm start). The time to /health is shown too,
+and each start's log line "Warm-up: ..." (how many programs before serving, compiled or loaded). A start is
+stopped only once every program is ready (`programs_ready` in /health), so the warm start finds them stored.
+`--runs K` repeats it all K times on fresh caches.
 
-    python bench/startup.py [--model PATH] [--max-batch 8] [--max-context 4096] [--runs 1]
+    python bench/startup.py [--model PATH] [--max-batch 8] [--max-context 4096] [--runs 1] [--against DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -34,9 +37,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def time_to_ready(args: argparse.Namespace, cache: Path, log: Path, root: Path = ROOT) -> tuple[float, str]:
-    """Seconds from launching `jaxchat serve` (of the checkout at `root`) to /health answering 200, and its warm-up
-    log line."""
+TOOL_CALL = {
+    "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
+    "tools": [{"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "tool_choice": "required", "max_tokens": 48, "temperature": 0,
+}
+
+
+def _get_json(url: str, timeout: float = 10) -> tuple[int, dict]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, json.loads(r.read() or b"{}")
+
+
+def time_to_first_call(args: argparse.Namespace, cache: Path, log: Path, root: Path = ROOT) -> dict:
+    """Start `jaxchat serve` (of the checkout at `root`); seconds from spawning it to /health answering 200 and to
+    the first answered tool call (a `tool_choice: required` chat completion), its warm-up log line, and the call it
+    made. Before stopping it, waits for every program to be ready (`programs_ready` in /health, when it has it), so
+    the warm start after it finds them all stored."""
     port = _free_port()
     cmd = [sys.executable, "-m", "jaxchat.cli", "serve", "--port", str(port), "--max-batch", str(args.max_batch),
            "--max-context", str(args.max_context), "--compile-cache", str(cache)]
@@ -44,6 +63,7 @@ def time_to_ready(args: argparse.Namespace, cache: Path, log: Path, root: Path =
         cmd += ["--model", args.model]
     env = {**os.environ, "PYTHONPATH": str(root)}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root)
@@ -52,17 +72,30 @@ def time_to_ready(args: argparse.Namespace, cache: Path, log: Path, root: Path =
             if proc.poll() is not None:
                 raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                if _get_json(base + "/health", timeout=2)[0] == 200:
+                    break
             except OSError:
                 time.sleep(0.2)
-        seconds = time.perf_counter() - t0
+        health = time.perf_counter() - t0
+        request = urllib.request.Request(base + "/v1/chat/completions", json.dumps(TOOL_CALL).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as r:
+            reply = json.loads(r.read())
+        first_call = time.perf_counter() - t0
+        calls = reply["choices"][0]["message"].get("tool_calls") or []
+        if not calls:
+            raise SystemExit(f"no tool call in the reply: {reply}")
+        while True:  # every program stored before this server stops (the next start is the warm one)
+            body = _get_json(base + "/health")[1]
+            if body.get("programs_ready", 0) >= body.get("programs_total", 0):
+                break
+            time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     found = re.search(r"Warm-up: .*", log.read_text())
-    return seconds, found.group(0) if found else "(no warm-up line)"
+    return {"health": health, "first_call": first_call, "warmup": found.group(0) if found else "(no warm-up line)",
+            "call": calls[0]["function"]}
 
 
 def clear_dequantized(model: str | None) -> None:
@@ -84,6 +117,9 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--against", default=None, metavar="DIR", help="another checkout to start side by side")
+    ap.add_argument("--clear-weights", action="store_true",
+                    help="remove the converted-weights cache before each cold start (default: keep what "
+                         "scripts/bootstrap.sh's asset fetch filled, as a newcomer's first start finds it)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="jaxchat-startup-"))
     roots = {"this": ROOT} if args.against is None else {"this": ROOT, "other": Path(args.against).resolve()}
@@ -92,17 +128,18 @@ def main() -> None:
             times = {}
             for name, root in roots.items():
                 cache = work / f"cache-{name}-{run}"
-                clear_dequantized(args.model)
-                cold, cold_line = time_to_ready(args, cache, work / f"cold-{name}-{run}.log", root)
-                warm, warm_line = time_to_ready(args, cache, work / f"warm-{name}-{run}.log", root)
-                times[name] = (cold, warm)
+                if args.clear_weights:
+                    clear_dequantized(args.model)
                 label = "" if args.against is None else f" [{name}: {root}]"
-                print(f"run {run + 1}{label}: cold {cold:6.1f} s  [{cold_line}]")
-                print(f"run {run + 1}{label}: warm {warm:6.1f} s  [{warm_line}]")
-                print(f"run {run + 1}{label}: warm / cold = {warm / cold:.2f}")
+                for kind in ("cold", "warm"):
+                    got = time_to_first_call(args, cache, work / f"{kind}-{name}-{run}.log", root)
+                    times[name, kind] = got["first_call"]
+                    print(f"run {run + 1}{label}: {kind} first tool call {got['first_call']:6.1f} s (/health "
+                          f"{got['health']:6.1f} s) [{got['warmup']}] {got['call']}", flush=True)
             if args.against is not None:
-                (cold, warm), (other_cold, other_warm) = times["this"], times["other"]
-                print(f"run {run + 1}: this / other: cold {cold / other_cold:.2f}, warm {warm / other_warm:.2f}")
+                print(f"run {run + 1}: this / other, time to the first tool call: cold "
+                      f"{times['this', 'cold'] / times['other', 'cold']:.2f}, warm "
+                      f"{times['this', 'warm'] / times['other', 'warm']:.2f}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

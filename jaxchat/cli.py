@@ -86,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="speculative decoding: ngram drafts tokens from the request's own context (prompt "
                             "lookup) and verifies them in one step under the grammar; greedy outputs are unchanged. "
                             "auto: ngram on CPU, off on TPU/GPU (not yet measured there)")
+    serve.add_argument("--no-background-compile", action="store_true",
+                       help="compile every step program before serving (default: serve once the first program "
+                            "and its sampler are ready; the others compile in the background, steps chunked "
+                            "into the ready ones until then)")
     serve.add_argument("--no-overlap", action="store_true",
                        help="take each step's tokens before launching the next (default: the host takes them and "
                             "fills the grammar masks while the next step's forward runs)")
@@ -190,7 +194,8 @@ def _serve(args: argparse.Namespace) -> int:
                        quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
                        jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
                        page_size=args.page_size, max_step_tokens=args.max_step_tokens, attention=args.attention,
-                       overlap=not args.no_overlap, decode_rows=args.decode_rows)
+                       overlap=not args.no_overlap, decode_rows=args.decode_rows,
+                       background_compile=not args.no_background_compile)
     engine_args["speculative"] = args.speculative
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0

@@ -382,6 +382,7 @@ class ChatPipeline:
             "compiles": s["compile_count"],
             "compile_cache_hits": s.get("compile_cache_hits", 0),
             "programs_loaded": s.get("programs_loaded", 0),
+            **{k: s[k] for k in ("programs_ready", "programs_total", "compiles_on_request_path") if k in s},
             "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
             "jump_forward_tokens": s.get("jump_forward_tokens", 0),
             **{k: s[k] for k in ("kv_pages_used", "kv_pages_total", "preemptions", "draft_tokens",

@@ -6,7 +6,11 @@ Contract:
   (`model.step_model(params, platform)`, a `jaxchat.models.StepModel`), builds the KV pool and the step
   programs (`step.StepRunner`), precompiles them (`warmup=True`, or `warm_up()` later; a log line "Warm-up: N
   programs ...") and starts the host loop thread; after that no request compiles (`engine.warmup_seconds`: each
-  program's key -> the seconds its compile or load took). `max_batch` is the number of requests that
+  program's key -> the seconds its compile or load took). `background_compile=True` (one process only): the
+  warm-up compiles only the first set (`StepRunner.first_keys`: one ragged program and its sampler) and the
+  engine serves at once; the other programs compile on a thread ("jaxchat-compile", `wait_compiled()`), each
+  run by the steps from the one after it is ready; until then a step runs as chunks of a ready program
+  (`StepRunner.selective`), so a step never waits on a compile (`compiles_on_request_path` stays 0). `max_batch` is the number of requests that
   run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
   as many pages as `kv_cache_gib` GiB per device hold; by default, on devices that report their memory
@@ -57,8 +61,9 @@ Contract:
   engine: a finaliser) stops the thread and releases the device state and compiled programs; idempotent.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
   prefix_cache_hit_tokens, jump_forward_tokens, preemptions, kv_pages_used, kv_pages_total, kv_page_size,
-  compile_count, compiles_after_warmup, compile_cache_hits, programs_loaded) for /metrics; the compile counts
-  are this engine's own (its warm-up and its steps, `compiles.Tally`), not the process's.
+  compile_count, compiles_after_warmup (= compiles_on_request_path: what the steps themselves compiled),
+  compile_cache_hits, programs_loaded, programs_ready, programs_total) for /metrics; the compile counts are
+  this engine's own (its warm-up, background and steps, `compiles.Tally`), not the process's.
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ from jaxchat.engine.compiles import Tally
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.scheduler import Scheduler
-from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets
+from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets, samples_of
 from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, LeaderLink
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
@@ -197,6 +202,44 @@ def attention_backend(name: str, config: Any, platform: str, page_size: int, mes
                                          chip=chip)
 
 
+def background_order(keys: Sequence[tuple]) -> list[tuple]:
+    """The order the background compiles go in: each forward right after its sampler (a forward is usable once
+    both are), in `program_keys` order (decode steps, ragged, verify)."""
+    out: list[tuple] = []
+    for key in keys:
+        if key[0] == "sample":
+            continue
+        sampler = ("sample", samples_of(key))
+        out += [k for k in (sampler, key) if k not in out]
+    return out + [k for k in keys if k not in out]
+
+
+def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, seconds: dict) -> None:
+    """Compile (or load) `keys` one after the other, each adopted by the runner as it is ready (the engine thread
+    runs it from its next step on); stops when the runner is released. A program that fails to compile is
+    logged and left out (the steps keep to the others)."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    with tally.counting(), tqdm(total=len(keys), desc="compiling in the background", unit="program",
+                                leave=False) as bar:
+        for key in keys:
+            if runner.released:
+                return
+            start = time.perf_counter()
+            try:
+                compiled = runner.compile(key)
+            except Exception:
+                if not runner.released:
+                    log.exception("background compile of program %s failed; steps run without it", key)
+                continue
+            runner.adopt(key, compiled, prime=True)
+            seconds[key] = time.perf_counter() - start
+            bar.update(1)
+    log.info("Background compiles: %d programs in %.1f s; %d of %d programs ready", len(keys),
+             time.perf_counter() - t0, runner.programs_ready(), len(runner.program_keys()))
+
+
 class _Core:
     """What the engine thread needs (no reference back to the `Engine`, so dropping the engine finalises it)."""
 
@@ -217,10 +260,13 @@ class _Core:
 
     def loop(self) -> None:
         sched = self.scheduler
+        prime = getattr(sched.runner, "prime_adopted", None)
         while True:
             with self.cv:
                 idle = not sched.has_work()
                 while not self.stopped and not sched.has_work():
+                    if prime is not None:
+                        prime()  # programs the background compiled, run once while nothing waits
                     self.cv.wait(timeout=0.5)
                 if idle and self.gathers_bursts():
                     self.gather_burst()
@@ -292,6 +338,7 @@ class Engine:
         speculative: str = "off",
         draft_tokens: int | None = None,
         warmup: bool = True,
+        background_compile: bool = False,
         start: bool = True,
         burst_gap_s: float = BURST_GAP_S,
         burst_window_s: float = BURST_WINDOW_S,
@@ -300,6 +347,10 @@ class Engine:
             raise ValueError(f"decode_rows {tuple(decode_rows)}: each row count must be from 1 to max_batch ({max_batch})")
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
+        # the first programs at warm-up, the others on a thread while the engine serves (one process only: the
+        # processes of a cluster must run the same program at each step)
+        self.background_compile = background_compile and jax.process_count() == 1
+        self._background: threading.Thread | None = None
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
@@ -355,7 +406,6 @@ class Engine:
                                    compiles=self.compiles)
         if warmup:
             self.warm_up()
-        self._compiles_at_ready = self.compiles.compiles
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self._core = _Core(self.scheduler, self._mailbox, burst_gap_s, burst_window_s)
         self.arrivals = self._core.arrivals  # requests the server is still reading (`expect_request`)
@@ -408,19 +458,24 @@ class Engine:
 
     def warm_up(self) -> None:
         """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
-        built with `warmup=False` may do it later, from any thread); its compiles count as the warm-up's."""
+        built with `warmup=False` may do it later, from any thread); its compiles count as the warm-up's. With
+        `background_compile`: the first set (`StepRunner.first_keys`) now, the others on a background thread,
+        each run by the steps once it is ready (`StepRunner.selective`: until then a step is chunked into the
+        ready ones, never waiting on a compile)."""
         with self.compiles.counting():
             self._warmup()
-        self._compiles_at_ready = self.compiles.compiles
 
     def _warmup(self) -> None:
-        """Compile (or load from the persistent compilation cache) every step program, with a progress bar
+        """Compile (or load from the persistent compilation cache) the step programs, with a progress bar
         and a log line of how many were compiled and how many loaded."""
         from tqdm import tqdm
 
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
-        store = self.runner.executables
-        keys, last = self.runner.program_keys(), [t0]
+        store, runner = self.runner.executables, self.runner
+        background = self.background_compile and self._background is None and not runner.selective
+        keys = runner.first_keys() if background else runner.program_keys()
+        runner.selective = runner.selective or background
+        last = [t0]
         with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
             def progress(done: int, total: int) -> None:
                 now = time.perf_counter()
@@ -429,12 +484,29 @@ class Engine:
                 bar.total = total
                 bar.update(done - bar.n)
 
-            self.runner.warmup(progress)
+            runner.warmup(progress, keys=keys)
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized = store.loaded if store is not None else 0
-        log.info("Warm-up: %d programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
-                 "as executables)", len(self.runner.program_keys()), time.perf_counter() - t0, compiled - loaded,
-                 loaded, deserialized)
+        total = len(runner.program_keys())
+        log.info("Warm-up: %s programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
+                 "as executables)%s", f"{len(keys)} of {total}" if background else total, time.perf_counter() - t0,
+                 compiled - loaded, loaded, deserialized,
+                 "; the others compile in the background" if background and len(keys) < total else "")
+        if background and len(keys) < total:
+            first = set(keys)
+            rest = [k for k in background_order(runner.program_keys()) if k not in first]
+            self._background = threading.Thread(target=_compile_in_background,
+                                                args=(runner, rest, self.compiles, self.warmup_seconds),
+                                                name="jaxchat-compile", daemon=True)
+            self._background.start()
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait until the background compiles (if any) are done; whether they are."""
+        thread = self._background
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     @classmethod
     def from_path(cls, path: str | None = None, *, dtype: str = "auto", max_batch: int = 16,
@@ -552,7 +624,10 @@ class Engine:
             "kv_pages_total": s.pool.capacity,
             "kv_page_size": s.pool.page_size,
             "compile_count": total,
-            "compiles_after_warmup": total - self._compiles_at_ready,
+            "compiles_after_warmup": s.request_path.compiles,
+            "compiles_on_request_path": s.request_path.compiles,
+            "programs_ready": self.runner.programs_ready(),
+            "programs_total": len(self.runner.program_keys()),
             "compile_cache_hits": self.compiles.cache_hits,
             "programs_loaded": self.runner.executables.loaded if self.runner.executables is not None else 0,
         }

@@ -54,7 +54,8 @@ def source_digest() -> str:
 
 
 def _leaf_signature(x: Any) -> str:
-    if isinstance(x, jax.Array):  # the devices too: replicas' programs differ only there (`replicas`)
+    placed = isinstance(x, jax.Array) or (isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None)
+    if placed:  # the devices too (replicas' programs differ only there); an array or its abstract twin alike
         mesh = getattr(x.sharding, "mesh", None)
         ids = (mesh.device_ids.flatten().tolist() if mesh is not None and hasattr(mesh, "device_ids")
                else sorted(d.id for d in x.sharding.device_set))

@@ -14,7 +14,8 @@ Contract:
   never emitted); a row whose token brings forced text (jump-forward) drops it too and runs the forced tokens
   in the next step. Greedy outputs are those of `overlap=False` (launch, sample, take in turn).
 - `schedule()` (the decisions; the runner only executes): within one step's token budget
-  (`runner.max_step_tokens`) it takes every running request's pending tokens, oldest first (one token while
+  (`runner.max_step_tokens`) and rows (`runner.max_step_rows`: both those of the programs compiled so far
+  while the rest compile in the background, so a long prompt runs in chunks of a ready program) it takes every running request's pending tokens, oldest first (one token while
   decoding, the sampled token and forced text after a jump, the next chunk of a prompt), then admits waiting
   requests in arrival order while a slot, budget and the pages of the whole prompt can be had; each row's
   page table is extended to cover what it runs. A row samples when the step runs its last pending token.
@@ -83,6 +84,7 @@ class Scheduler:
                  compiles: Tally | None = None) -> None:
         self.runner = runner
         self.compiles = compiles or Tally()  # what the steps compile, whichever thread runs them
+        self.request_path = Tally()  # the steps' compiles alone: a step that waited on a compile (stays 0 once warm)
         self.speculator = Speculator(draft_tokens, getattr(runner, "max_verify_tokens", 0), runner.max_context,
                                      runner.mask_words)
         self.overlap = overlap
@@ -133,7 +135,7 @@ class Scheduler:
 
     # ---- the loop body ---------------------------------------------------------------------------------
     def step(self) -> None:
-        with self.compiles.counting():
+        with self.compiles.counting(), self.request_path.counting():
             self._step()
 
     def _step(self) -> None:
@@ -196,17 +198,20 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """The next step's rows (see the module docstring)."""
         rows: list[PlannedRow] = []
-        budget = self.runner.max_step_tokens
+        budget, cap = self.runner.max_step_tokens, self.runner.max_step_rows
+        self.speculator.limit = self.runner.max_verify_tokens
         if not self.runner.prefix_reuse:
-            return self._schedule_uniform(budget)
+            return self._schedule_uniform(budget, cap)
         for seq in list(self.running):
             used = sum(len(r.input.tokens) for r in rows)
+            if len(rows) >= cap:
+                break
             if seq.finished or seq.slot < 0 or used >= budget:
                 continue
             take = self._runnable(seq, budget - used)
             if take and self._ensure_pages(seq, seq.computed + take, rows):
                 rows.append(self._row(seq, take))
-        while self.waiting and self.free_slots:
+        while self.waiting and self.free_slots and len(rows) < cap:
             used = sum(len(r.input.tokens) for r in rows)
             if used >= budget or not self._admit(self.waiting[0]):
                 break
@@ -219,7 +224,7 @@ class Scheduler:
         rows = [row for row in rows if row.seq.slot >= 0]
         return StepPlan(self.speculator.draft(rows, self.pool))
 
-    def _schedule_uniform(self, budget: int) -> StepPlan:
+    def _schedule_uniform(self, budget: int, cap: int) -> StepPlan:
         """Recurrent models: the oldest row with several pending tokens alone, else a new arrival's first chunk
         alone, else every decoding row one token."""
         live = [seq for seq in self.running if not seq.finished and seq.slot >= 0]
@@ -233,6 +238,8 @@ class Scheduler:
             return StepPlan([self._row(chunk, take)] if self._ensure_pages(chunk, chunk.computed + take, []) else [])
         rows: list[PlannedRow] = []
         for seq in live:
+            if len(rows) >= cap:
+                break
             if self._runnable(seq, 1) and self._ensure_pages(seq, seq.computed + 1, rows):
                 rows.append(self._row(seq, 1))
         return StepPlan([row for row in rows if row.seq.slot >= 0])

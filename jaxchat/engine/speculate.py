@@ -13,7 +13,7 @@ Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it
 - `draft(rows, pool)`: after the scheduler planned a step of at most `max_rows` rows, each drafting row that
   runs exactly its last sampled token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its
   `drafts.DraftLength`, at most what `max_tokens` and the context leave, and what keeps the step within
-  `max_tokens` tokens, the largest verify step). A row with planned forced tokens (jump-forward off: its masks
+  `limit` tokens, the largest verify step compiled so far: `max_tokens` once all are). A row with planned forced tokens (jump-forward off: its masks
   are pinned to them) does not draft. Its constraint fills the mask of every position (`draft_masks`: the
   grammar advanced through the drafts, then rolled back; a draft token it rejects ends the draft there). The
   row's pages are extended to hold the drafts (free or evictable pages only: no preemption for a draft). A row
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 class Speculator:
     def __init__(self, k_max: int, max_tokens: int, max_context: int, mask_words: int) -> None:
         self.k_max, self.max_tokens, self.max_context, self.mask_words = k_max, max_tokens, max_context, mask_words
+        self.limit = max_tokens  # the largest verify step compiled so far (the scheduler sets it each step)
         self.drafted = 0
         self.accepted = 0
 
@@ -49,10 +50,11 @@ class Speculator:
     def max_rows(self) -> int:
         """The most rows a step with drafts runs: each drafting row needs room for a few drafts (2 rows in a CPU
         verify step of 8 tokens, 16 in one of 64)."""
-        return self.max_tokens // 4
+        return self.limit // 4
 
     @property
     def on(self) -> bool:
+        """Whether requests draft at all (a verify program exists)."""
         return self.k_max > 0 and self.max_tokens > 1
 
     def start(self, seq: Sequence) -> None:
@@ -81,10 +83,10 @@ class Speculator:
 
     def draft(self, rows: list, pool) -> list:
         """The planned rows with drafts added where they can be (see the module docstring)."""
-        if not self.on or not any(row.seq.drafts is not None for row in rows):
+        if not self.on or self.limit <= 1 or not any(row.seq.drafts is not None for row in rows):
             return rows
         used = sum(len(row.input.tokens) for row in rows)
-        if used >= self.max_tokens or len(rows) > self.max_rows:
+        if used >= self.limit or len(rows) > self.max_rows:
             return rows
         out = []
         for planned in rows:
@@ -99,7 +101,7 @@ class Speculator:
                 continue
             s = seq.req.sampling
             room = min(length.k, s.max_tokens - seq.generated - 1, self.max_context - 1 - row.start - 1,
-                       self.max_tokens - used)
+                       self.limit - used)
             drafts = index.propose(seq.tokens, room) if room > 0 else []
             if drafts and seq.req.constraint is not None:
                 masks = np.empty((len(drafts) + 1, self.mask_words), np.int32)

@@ -325,6 +325,12 @@ class StepRunner:
         self.verify_buckets = tuple(sorted(set(verify_buckets))) if model.prefix_reuse else ()
         self.mesh, self.layout, self.executables = mesh, model.layout, executables
         self._compiled: dict[tuple, Any] = {}
+        # True: a step runs only programs already compiled (`adopt`), chunked into them when its own is not
+        # ready; False: any program, compiled at its first call if `warmup` did not
+        self.selective = False
+        self.released = False
+        self._usable: dict[str, tuple] = {}  # with `selective`: the compiled forwards of each kind
+        self._unprimed: list[tuple] = []  # adopted from another thread, not run yet (`prime_adopted`)
         rep = NamedSharding(mesh, P())
         params = model.params
         if model.vocab_major_head is not None and max(self.decode_rows + self.ragged_rows) > 1:
@@ -342,8 +348,10 @@ class StepRunner:
         state_sh = DeviceState(pool_shardings(shapes.pools, mesh, head_axis, num_pages, kv_head_axis,
                                               page_axis=int(stacked)), rep, rep, rep)
         param_sh = jax.tree.map(lambda x: getattr(x, "sharding", None) or rep, params)
+        # what `compile` lowers over: never the live state, which the engine thread donates step by step
+        self._abstract_args = (abstract(params, param_sh), abstract(shapes, state_sh))
         if abstract_arrays:  # lowering only: nothing is allocated
-            self.params, self.state = abstract(params, param_sh), abstract(shapes, state_sh)
+            self.params, self.state = self._abstract_args
         else:  # the pool is created in place, each device its own shard
             self.params = jax.device_put(params, param_sh)
             self.state = jax.jit(zero_state, out_shardings=state_sh)()
@@ -361,6 +369,8 @@ class StepRunner:
             fn = functools.partial(forward_step, forward=forward, uniform=uniform, shape=self._shape(key))
             self._programs[key] = jax.jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
                                           out_shardings=(state_sh, rep), compiler_options=self._options_of(key) or None)
+        self._every = {kind: tuple(k for k in self.program_keys() if k[0] == kind)
+                       for kind in ("decode", "ragged", "verify")}
         self._ones: dict[int, jax.Array] = {}  # the all-ones bitmask of each row count, on the device
         self._launched: tuple[tuple, int] | None = None  # the last launch's program key and row count
         self._logits: jax.Array | None = None
@@ -376,29 +386,71 @@ class StepRunner:
         keys += [("sample", n) for n in sorted({samples_of(k) for k in keys})]
         return keys
 
+    def first_keys(self) -> list[tuple]:
+        """The fewest programs that serve any request (`selective` steps chunk into them): one ragged program of
+        a middle token bucket (the smallest above it that holds `max_batch` rows, if any) over as many rows as
+        it holds; for models with recurrent layers (uniform steps) that bucket over one row and the largest
+        decode step; then their samplers."""
+        buckets = self.token_buckets
+        middle = buckets[len(buckets) // 2]
+        t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
+        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t))]
+        if not self.prefix_reuse:
+            keys.append(("decode", self.decode_rows[-1]))
+        return keys + [("sample", n) for n in sorted({samples_of(k) for k in keys})]
+
+    def adopt(self, key: tuple, compiled: Any, prime: bool = False) -> None:
+        """Make compiled program `key` one the steps may run (from any thread; a released runner ignores it);
+        `prime`: `prime_adopted` runs it once (the thread that runs the steps, when idle)."""
+        if self.released:
+            return
+        self._compiled[key] = compiled
+        if prime and key[0] != "sample" and key[1] <= PRIME_TOKENS:
+            self._unprimed.append(key)
+        ready = [k for k in self.program_keys() if k[0] != "sample" and k in self._compiled
+                 and ("sample", samples_of(k)) in self._compiled]
+        self._usable = {kind: tuple(k for k in ready if k[0] == kind) for kind in ("decode", "ragged", "verify")}
+
+    def _ready(self, kind: str) -> tuple:
+        """The forward programs of `kind` a step may run, in `program_keys` order."""
+        return self._usable.get(kind, ()) if self.selective else self._every[kind]
+
+    def programs_ready(self) -> int:
+        """How many programs are compiled (or loaded)."""
+        return len(self._compiled)
+
     @property
     def max_step_tokens(self) -> int:
-        return self.token_buckets[-1]
+        """The most tokens a step may run now (with `selective`: the largest ragged program compiled so far)."""
+        if not self.selective:
+            return self.token_buckets[-1]
+        return max((k[1] for k in self._ready("ragged")), default=0)
+
+    @property
+    def max_step_rows(self) -> int:
+        """The most rows a step may run now: `max_batch`, or with `selective` the rows of the largest ragged
+        program compiled so far (models with recurrent layers: of the largest decode step)."""
+        if not self.selective:
+            return self.max_batch
+        kind = "ragged" if self.prefix_reuse else "decode"
+        return max((rows_of(k) for k in self._ready(kind)), default=0)
 
     @property
     def max_verify_tokens(self) -> int:
-        """The most tokens a step with drafts may run (0: no verify programs)."""
-        return self.verify_buckets[-1] if self.verify_buckets else 0
+        """The most tokens a step with drafts may run now (0: no verify programs, or none compiled yet)."""
+        return max((k[1] for k in self._ready("verify")), default=0)
 
     def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> tuple | None:
         """The program for a step of `n_rows` rows running `n_tokens` tokens in all (None: none fits); `verify`: a
-        step with drafts (logits at every token)."""
+        step with drafts (logits at every token). The smallest that fits, among the compiled ones if
+        `selective`."""
         if verify:
-            return next((("verify", t, r) for t in self.verify_buckets if n_tokens <= t
-                         for r in self.ragged_rows if n_rows <= r <= t), None)
-        if n_rows == n_tokens and n_rows <= self.decode_rows[-1]:
-            return "decode", bucket_for(n_rows, self.decode_rows)
-        for t in self.token_buckets:
-            if n_tokens <= t:
-                for r in self.ragged_rows:
-                    if n_rows <= r <= t:
-                        return "ragged", t, r
-        return None
+            return next((k for k in self._ready("verify") if n_tokens <= k[1] and n_rows <= k[2]), None)
+        if n_rows == n_tokens:
+            decode = next((k for k in self._ready("decode") if n_rows <= k[1]), None)
+            if decode is not None:
+                return decode
+        return next((k for k in self._ready("ragged") if n_tokens <= k[1] and n_rows <= k[2]), None)
 
     def _shape(self, key: tuple) -> tuple[int, int, int, int]:
         """(tokens, rows, pages per row, logits positions) of a forward program."""
@@ -542,13 +594,15 @@ class StepRunner:
         """The compiler options of program `key`: the samplers (vocab-wide elementwise work) always XLA's own."""
         return {} if key[0] == "sample" else self.compiler_options
 
-    def _example(self, key: tuple) -> tuple:
-        """The arguments a call of program `key` passes (for lowering)."""
+    def _example(self, key: tuple, abstract_state: bool = False) -> tuple:
+        """The arguments a call of program `key` passes (for lowering); `abstract_state`: the params and state as
+        their shapes and shardings (safe from any thread)."""
+        params, state = self._abstract_args if abstract_state else (self.params, self.state)
         if key[0] != "sample":
-            return self.params, self.state, pack_step(self.pack_forward(key, []))
+            return params, state, pack_step(self.pack_forward(key, []))
         logits = jax.ShapeDtypeStruct((key[1], self.vocab_size), jnp.float32)
         ints, floats = pack_sample(self.pack_sample(key, []))
-        return self.state, logits, ints, floats, np.full((key[1], self.mask_words), -1, np.int32)
+        return state, logits, ints, floats, np.full((key[1], self.mask_words), -1, np.int32)
 
     def lower(self, key: tuple, platform: str | None = None):
         """Program `key` lowered for exactly the arguments a call passes, for `platform` (None: the mesh's own)."""
@@ -557,35 +611,50 @@ class StepRunner:
 
     def compile(self, key: tuple) -> Any:
         """Program `key` compiled for exactly the arguments a call passes (or loaded from the executable store);
-        not kept: `warmup` keeps what it compiles."""
-        program, args = self._programs[key], self._example(key)
+        not kept: `warmup` (or `adopt`) keeps what it compiles. From any thread: it lowers over the state's shapes."""
+        program, args = self._programs[key], self._example(key, abstract_state=True)
         if self.executables is None:
             return program.lower(*args).compile()
         identity = (f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
                     f"|options={sorted(self._options_of(key).items())}")
         return self.executables.load_or_compile(identity, program, args)
 
-    def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True) -> None:
-        """Compile every program ahead of time (lowered for exactly the arguments `run` passes, then jit reuses
-        the executable), or load it from the executable store / persistent compilation cache. `prime`: then run
-        once each step of at most `PRIME_TOKENS` tokens on empty rows (nothing written), so no request pays
-        a program's first-run cost. Not on a multi-process mesh (every process would have to run them in
-        step). `progress(done, total)` is called after each program."""
-        keys = self.program_keys()
+    def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True,
+               keys: Sequence[tuple] | None = None) -> None:
+        """Compile every program (or `keys` only) ahead of time (lowered for exactly the arguments `run` passes,
+        then jit reuses the executable), or load it from the executable store / persistent compilation cache.
+        `prime`: then run once each step of at most `PRIME_TOKENS` tokens on empty rows (nothing written), so no
+        request pays a program's first-run cost. Not on a multi-process mesh (every process would have to run
+        them in step). `progress(done, total)` is called after each program."""
+        keys = list(self.program_keys() if keys is None else keys)
         for i, key in enumerate(keys):
-            self._compiled[key] = self.compile(key)
+            self.adopt(key, self.compile(key))
             if progress is not None:
                 progress(i + 1, len(keys))
         if prime and jax.process_count() == 1:
+            self._prime([key for key in keys if key[0] != "sample" and key[1] <= PRIME_TOKENS])
+
+    def prime_adopted(self) -> None:
+        """Run once each program adopted with `prime` since the last call whose sampler is ready (as `warmup`'s
+        `prime`): only from the thread that runs the steps, between steps, with no step's outputs pending."""
+        keys = [key for key in list(self._unprimed) if ("sample", samples_of(key)) in self._compiled]
+        if keys and not self.released:
             for key in keys:
-                if key[0] != "sample" and key[1] <= PRIME_TOKENS:
-                    self._forward(key, self.pack_forward(key, []))
-                    self._sample(samples_of(key), self.pack_sample(key, []))
-            jax.block_until_ready(self.state)
-            self._out = None
+                self._unprimed.remove(key)
+            self._prime(keys)
+
+    def _prime(self, keys: Sequence[tuple]) -> None:
+        """Run forward programs `keys` and their samplers once on empty rows (nothing written)."""
+        for key in keys:
+            if ("sample", samples_of(key)) in self._compiled:
+                self._forward(key, self.pack_forward(key, []))
+                self._sample(samples_of(key), self.pack_sample(key, []))
+        jax.block_until_ready(self.state)
+        self._out = None
 
     def release(self) -> None:
         """Drop the device state and compiled programs (the engine is being closed)."""
+        self.released = True
         self._compiled.clear()
         self._programs.clear()
         self._ones.clear()

@@ -8,7 +8,9 @@ a TypeError otherwise) returns a Starlette app with
 `POST /v1/messages` (the Anthropic Messages API, answered by the service's `messages` /
 `messages_stream`, with Anthropic error bodies and no `[DONE]`; each of these two is a 404 when the service's
 `supports_responses` / `supports_messages` is false) (JSON, or SSE with `stream: true`),
-`GET /v1/models`, `GET /health` and `GET /metrics` (Prometheus text). Every request body goes
+`GET /v1/models`, `GET /health` (`{"status": "ok"}`, with `programs_ready` / `programs_total` when the service's
+stats have them: the server listens once the engine's first programs are ready, the others compile in the
+background) and `GET /metrics` (Prometheus text). Every request body goes
 through `read_json_object` (size, content type, UTF-8, JSON, depth) and is read once by
 `jaxchat.api.parse_chat_request` / `parse_completion_request` / `parse_responses_request` /
 `parse_messages_request` (every 400) into the typed request the
@@ -193,9 +195,13 @@ class _Api:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request, started: float) -> Response:
-        return JSONResponse(
-            {"status": "draining" if self.drain.draining else "ok"}, status_code=503 if self.drain.draining else 200
-        )
+        body: dict = {"status": "draining" if self.drain.draining else "ok"}
+        try:
+            stats = self.service.stats()
+        except Exception:  # noqa: BLE001  (health answers whatever the stats do)
+            stats = {}
+        body.update({k: stats[k] for k in ("programs_ready", "programs_total") if k in stats})
+        return JSONResponse(body, status_code=503 if self.drain.draining else 200)
 
     async def prometheus(self, request: Request, started: float) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)

@@ -13,7 +13,9 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
 * gauges from `service.stats()`: `requests_running`, `requests_waiting`, `batch_slots_total`,
   `batch_slots_busy`, `batch_occupancy` (busy / total), `compiles` (XLA compiles in the process, persistent-cache
   loads included), `compile_cache_hits` (those the persistent compilation cache answered), `programs_loaded`
-  (step programs loaded as serialized executables: neither traced nor compiled), `kv_pages_used` and
+  (step programs loaded as serialized executables: neither traced nor compiled), `programs_ready` and
+  `programs_total` (step programs compiled or loaded so far, of all: the others compile in the background),
+  `kv_pages_used` and
   `kv_pages_total` (the KV page pool: pages requests hold, and all pages), plus `service_<key>` for any other
   numeric entry;
 * `prefix_cache_hit_tokens_total`: prompt tokens the engine reused from its prefix cache; `preemptions_total`:
@@ -21,7 +23,8 @@ from `service.stats()` first. Names (all prefixed `jaxchat_`):
   `jump_forward_tokens_total`: output tokens a grammar forced, appended without sampling (counters fed from
   the service's running totals `prefix_cache_hit_tokens`, `jump_forward_tokens` and `preemptions`);
   `spec_draft_tokens_total` / `spec_accepted_tokens_total`: tokens drafted by speculative decoding and drafts
-  accepted (from `draft_tokens`, `draft_accepted_tokens`).
+  accepted (from `draft_tokens`, `draft_accepted_tokens`); `compiles_on_request_path_total`: compiles a step
+  waited on (from `compiles_on_request_path`; stays 0).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ _KNOWN_STATS = {
     "compiles": "compiles",
     "compile_cache_hits": "compile_cache_hits",
     "programs_loaded": "programs_loaded",
+    "programs_ready": "programs_ready",
+    "programs_total": "programs_total",
     "kv_pages_used": "kv_pages_used",
     "kv_pages_total": "kv_pages_total",
 }
@@ -91,6 +96,9 @@ class Metrics:
                                      registry=r), 0],
             "draft_accepted_tokens": [Counter("jaxchat_spec_accepted_tokens",
                                               "Drafted tokens the model's own choice confirmed", registry=r), 0],
+            "compiles_on_request_path": [Counter("jaxchat_compiles_on_request_path",
+                                                 "Compiles a step waited on (stays 0: a step runs only ready "
+                                                 "programs)", registry=r), 0],
         }
         self._stat_gauges: dict[str, Gauge] = dict.fromkeys(self._totals)  # counters, not gauges
         for key, name in _KNOWN_STATS.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -37,13 +38,26 @@ def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: 
         request = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as r:  # the programs run, not only load
             completion = json.loads(r.read())["choices"][0]["text"]
+        health = wait_all_programs(base)
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
             text = r.read().decode()
     finally:
         stop(proc, timeout=60)
     found = {m.group(1): float(m.group(2))
              for m in re.finditer(r"^jaxchat_(compiles|compile_cache_hits|programs_loaded) (\S+)$", text, re.M)}
-    return {**found, "completion": completion}
+    return {**found, "completion": completion, "programs_total": health["programs_total"]}
+
+
+def wait_all_programs(base: str, timeout: float = 300) -> dict:
+    """Poll /health until every step program is ready (the server answers once the first ones are; the others
+    compile in the background); its last body."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(base + "/health", timeout=10) as r:
+            health = json.loads(r.read())
+        if health["programs_ready"] == health["programs_total"] or time.monotonic() > deadline:
+            return health
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +72,14 @@ def test_second_start_on_one_cache_compiles_nothing(model, tmp_path):
     cache = tmp_path / "xla-cache"
     cold = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "cold.log")
     assert cold["compiles"] > 0 and cold["compile_cache_hits"] == 0 and cold["programs_loaded"] == 0, cold
-    programs = int(re.search(r"Warm-up: (\d+) programs", (tmp_path / "cold.log").read_text()).group(1))
+    programs = cold["programs_total"]
+    cold_log = (tmp_path / "cold.log").read_text()
+    first = int(re.search(rf"Warm-up: (\d+) of {programs} programs", cold_log).group(1))  # then the background
+    assert 2 <= first < programs and re.search(rf"{programs} of {programs} programs ready", cold_log), cold_log
     assert programs >= 3 and len(list((cache / "executables").glob("*.xla"))) == programs
     warm = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "warm.log")
     assert warm["programs_loaded"] == programs, (programs, warm)  # every step program came back from disk ...
     assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and whatever else XLA compiled was cached
-    assert re.search(rf"Warm-up: {programs} programs in [0-9.]+ s \(0 compiled", (tmp_path / "warm.log").read_text())
+    assert re.search(rf"Warm-up: {first} of {programs} programs in [0-9.]+ s \(0 compiled", (tmp_path / "warm.log").read_text())
     assert warm["completion"] == cold["completion"]  # the loaded programs compute what the compiled ones did
 

@@ -83,7 +83,7 @@ def test_api_key_guards_every_route_but_health(keyed, real_service, idle_engine)
                 res = _sse(r)
                 assert res.done and res.error is None, r.text[-300:]
         health = client.get("/health")
-        assert health.status_code == 200 and health.json() == {"status": "ok"}
+        assert health.status_code == 200 and health.json()["status"] == "ok"
     report("api key", counts, leaked_slots=leaked_slots(wait_idle(real_service.engine)))
     assert counts["5xx"] == 0
 

@@ -1,0 +1,149 @@
+"""Background compiles: the engine serves from its first programs while the others compile on a thread.
+
+A step whose own program is not ready runs as chunks of a ready one with the same greedy tokens; no step waits on
+a compile (`compiles_on_request_path` stays 0) while short, long and constrained requests arrive at once right after
+start-up; once the background is done every program is ready and steps use them.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from jaxchat.engine import engine as engine_module
+from jaxchat.engine.engine import Engine, background_order
+from jaxchat.engine.types import GenerationRequest, SamplingParams
+from tests.engine.helpers import FakeModel, ScriptedConstraint, byte_tokenizer
+
+TOK = byte_tokenizer()
+EOS = TOK.convert_tokens_to_ids("<|im_end|>")
+SHAPES = dict(max_batch=4, max_context=512, max_step_tokens=256, speculative="ngram")  # buckets 16, 64, 256
+
+
+def requests():
+    """A short, a long (> 2 buckets of the first program) and a constrained request, greedy."""
+    long_prompt = "the quick brown fox jumps over the lazy dog " * 8  # ~350 tokens: six chunks of 64
+    return [
+        GenerationRequest(TOK.encode("hello world"), SamplingParams(max_tokens=12, ignore_eos=True), None, "short"),
+        GenerationRequest(TOK.encode(long_prompt), SamplingParams(max_tokens=10, ignore_eos=True), None, "long"),
+        GenerationRequest(TOK.encode("pick letters"), SamplingParams(max_tokens=9, ignore_eos=True),
+                          ScriptedConstraint(range(97, 123)), "constrained"),
+    ]
+
+
+def run_all(engine: Engine) -> dict[str, list[int]]:
+    """Submit every request at once to the running engine; the token ids of each."""
+    outs: dict[str, list[int]] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+    reqs = requests()
+
+    def emit(rid):
+        def call(out):
+            with lock:
+                outs.setdefault(rid, []).extend(out.token_ids)
+                if out.finished:
+                    finished.add(rid)
+                    if len(finished) == len(reqs):
+                        done.set()
+        return call
+
+    finished: set[str] = set()
+    for r in reqs:
+        engine.submit(r, emit(r.request_id))
+    assert done.wait(300), f"requests did not finish: {sorted(finished)}"
+    return outs
+
+
+def launched_keys(engine: Engine) -> list[tuple]:
+    """Record the program key of every forward the engine launches from now on."""
+    keys: list[tuple] = []
+    runner, launch = engine.runner, engine.runner.launch
+
+    def recording(rows):
+        key = launch(rows)
+        keys.append(key)
+        return key
+
+    runner.launch = recording
+    return keys
+
+
+@pytest.fixture(scope="module")
+def warm_outputs():
+    """What a fully warmed engine (every program compiled before it serves) answers."""
+    with Engine(FakeModel(TOK, eos=(EOS,)), **SHAPES) as engine:
+        assert engine.runner.programs_ready() == len(engine.runner.program_keys())
+        return run_all(engine)
+
+
+def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engines(warm_outputs, monkeypatch):
+    gate = threading.Event()
+    original = engine_module._compile_in_background
+
+    def held(*args):  # the background thread is started at once but compiles nothing until the gate opens
+        gate.wait(120)
+        original(*args)
+
+    monkeypatch.setattr(engine_module, "_compile_in_background", held)
+    with Engine(FakeModel(TOK, eos=(EOS,)), background_compile=True, **SHAPES) as engine:
+        runner = engine.runner
+        first = runner.first_keys()
+        assert first == [("ragged", 64, 4), ("sample", 4)]
+        assert engine._background is not None and engine._background.is_alive()
+        stats = engine.stats()
+        assert (stats["programs_ready"], stats["programs_total"]) == (2, len(runner.program_keys()))
+        keys = launched_keys(engine)
+        early = run_all(engine)
+        assert early == warm_outputs
+        assert set(keys) == {("ragged", 64, 4)}  # the long prompt ran in chunks of it, decoding rows too
+        assert sum(1 for k in keys if k) > 6
+        assert engine.stats()["compiles_on_request_path"] == 0
+        assert engine.scheduler.speculator.drafted == 0  # no verify program yet: no drafts
+
+        gate.set()
+        assert engine.wait_compiled(300)
+        stats = engine.stats()
+        assert stats["programs_ready"] == stats["programs_total"] == len(runner.program_keys())
+        keys.clear()
+        later = run_all(engine)
+        assert later == warm_outputs
+        assert any(k[0] == "decode" for k in keys)  # adopted from the background (the prompts now hit the cache)
+        assert engine.stats()["compiles_on_request_path"] == 0
+
+
+def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
+    """Only the first set compiled (no background thread): a 350-token prompt runs as 64-token chunks, decode
+    steps in the ragged program; the tokens are those of the engine that has every program."""
+    prompt = TOK.encode("the quick brown fox jumps over the lazy dog " * 8)
+    req = GenerationRequest(prompt, SamplingParams(max_tokens=8, ignore_eos=True), None, "r")
+
+    def generate(engine):
+        out: list[int] = []
+        engine.scheduler.submit(req, lambda o: out.extend(o.token_ids))
+        while engine.scheduler.has_work():
+            engine.scheduler.step()
+        return out
+
+    with Engine(FakeModel(TOK, eos=(EOS,)), start=False, **SHAPES) as full:
+        keys = launched_keys(full)
+        whole = generate(full)
+        assert ("ragged", 256, 4) in keys and ("decode", 1) in keys
+    with Engine(FakeModel(TOK, eos=(EOS,)), start=False, warmup=False, **SHAPES) as engine:
+        runner = engine.runner
+        runner.selective = True
+        runner.warmup(keys=runner.first_keys())
+        assert runner.max_step_tokens == 64 and runner.max_step_rows == 4 and runner.max_verify_tokens == 0
+        keys = launched_keys(engine)
+        chunked = generate(engine)
+        assert chunked == whole
+        assert keys == [("ragged", 64, 4)] * (-(-len(prompt) // 64) + 7)
+        assert engine.scheduler.request_path.compiles == 0
+
+
+def test_the_background_goes_sampler_then_forward_so_each_is_usable_at_once():
+    keys = [("decode", 1), ("decode", 4), ("ragged", 16, 4), ("verify", 8, 4), ("sample", 1), ("sample", 4),
+            ("sample", 8)]
+    assert background_order(keys) == [("sample", 1), ("decode", 1), ("sample", 4), ("decode", 4),
+                                      ("ragged", 16, 4), ("sample", 8), ("verify", 8, 4)]
