@@ -7,13 +7,18 @@ start-up; once the background is done every program is ready and steps use them.
 
 from __future__ import annotations
 
+import re
 import threading
+import time
+import types
 
 import pytest
 
+from jaxchat.api.pipeline import ChatPipeline
 from jaxchat.engine import engine as engine_module
 from jaxchat.engine.engine import Engine, background_order
 from jaxchat.engine.types import GenerationRequest, SamplingParams
+from jaxchat.server.metrics import Metrics
 from tests.engine.helpers import FakeModel, ScriptedConstraint, byte_tokenizer
 
 TOK = byte_tokenizer()
@@ -70,6 +75,13 @@ def launched_keys(engine: Engine) -> list[tuple]:
     return keys
 
 
+def prometheus(engine: Engine) -> str:
+    """/metrics as the server renders it for this engine (the pipeline's stats mapping, then `Metrics`)."""
+    pipeline = types.SimpleNamespace(engine=engine)
+    service = types.SimpleNamespace(stats=lambda: ChatPipeline.stats(pipeline))
+    return Metrics(service).render().decode()
+
+
 @pytest.fixture(scope="module")
 def warm_outputs():
     """What a fully warmed engine (every program compiled before it serves) answers."""
@@ -101,9 +113,18 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         assert sum(1 for k in keys if k) > 6
         assert engine.stats()["compiles_on_request_path"] == 0
         assert engine.scheduler.speculator.drafted == 0  # no verify program yet: no drafts
+        metrics = prometheus(engine)
+        assert re.search(r"^jaxchat_compiles_on_request_path_total 0\.0$", metrics, re.M)
+        assert re.search(r"^jaxchat_programs_ready 2\.0$", metrics, re.M)
+        assert re.search(rf"^jaxchat_programs_total {float(len(runner.program_keys()))}$", metrics, re.M)
 
         gate.set()
         assert engine.wait_compiled(300)
+        for _ in range(100):  # the idle engine thread runs each small adopted program once, as warm-up would
+            if not runner._unprimed:
+                break
+            time.sleep(0.05)
+        assert not runner._unprimed
         stats = engine.stats()
         assert stats["programs_ready"] == stats["programs_total"] == len(runner.program_keys())
         keys.clear()
