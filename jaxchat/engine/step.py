@@ -387,16 +387,14 @@ class StepRunner:
         return keys
 
     def first_keys(self) -> list[tuple]:
-        """The fewest programs that serve any request (`selective` steps chunk into them): one ragged program of
-        a middle token bucket (the smallest above it that holds `max_batch` rows, if any) over as many rows as
-        it holds; for models with recurrent layers (uniform steps) that bucket over one row and the largest
-        decode step; then their samplers."""
+        """The few programs that serve any request at a fair speed (`selective` steps chunk into them): one
+        ragged program of a middle token bucket (the smallest above it that holds `max_batch` rows, if any) over
+        as many rows as it holds (models with recurrent layers: one row), the largest decode step (so decoding
+        rows do not each pay a prompt chunk's width), and their samplers."""
         buckets = self.token_buckets
         middle = buckets[len(buckets) // 2]
         t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
-        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t))]
-        if not self.prefix_reuse:
-            keys.append(("decode", self.decode_rows[-1]))
+        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t)), ("decode", self.decode_rows[-1])]
         return keys + [("sample", n) for n in sorted({samples_of(k) for k in keys})]
 
     def adopt(self, key: tuple, compiled: Any, prime: bool = False) -> None:

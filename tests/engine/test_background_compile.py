@@ -102,20 +102,20 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
     with Engine(FakeModel(TOK, eos=(EOS,)), background_compile=True, **SHAPES) as engine:
         runner = engine.runner
         first = runner.first_keys()
-        assert first == [("ragged", 64, 4), ("sample", 4)]
+        assert first == [("ragged", 64, 4), ("decode", 4), ("sample", 4)]
         assert engine._background is not None and engine._background.is_alive()
         stats = engine.stats()
-        assert (stats["programs_ready"], stats["programs_total"]) == (2, len(runner.program_keys()))
+        assert (stats["programs_ready"], stats["programs_total"]) == (3, len(runner.program_keys()))
         keys = launched_keys(engine)
         early = run_all(engine)
         assert early == warm_outputs
-        assert set(keys) == {("ragged", 64, 4)}  # the long prompt ran in chunks of it, decoding rows too
+        assert set(keys) == {("ragged", 64, 4), ("decode", 4)}  # the long prompt ran in chunks of the ragged one
         assert sum(1 for k in keys if k) > 6
         assert engine.stats()["compiles_on_request_path"] == 0
         assert engine.scheduler.speculator.drafted == 0  # no verify program yet: no drafts
         metrics = prometheus(engine)
         assert re.search(r"^jaxchat_compiles_on_request_path_total 0\.0$", metrics, re.M)
-        assert re.search(r"^jaxchat_programs_ready 2\.0$", metrics, re.M)
+        assert re.search(r"^jaxchat_programs_ready 3\.0$", metrics, re.M)
         assert re.search(rf"^jaxchat_programs_total {float(len(runner.program_keys()))}$", metrics, re.M)
 
         gate.set()
@@ -130,13 +130,13 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         keys.clear()
         later = run_all(engine)
         assert later == warm_outputs
-        assert any(k[0] == "decode" for k in keys)  # adopted from the background (the prompts now hit the cache)
+        assert {("decode", 1), ("decode", 2)} & set(keys)  # adopted from the background
         assert engine.stats()["compiles_on_request_path"] == 0
 
 
 def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
-    """Only the first set compiled (no background thread): a 350-token prompt runs as 64-token chunks, decode
-    steps in the ragged program; the tokens are those of the engine that has every program."""
+    """Only the first set compiled (no background thread): a 350-token prompt runs as 64-token chunks, one row's
+    decode steps in the 4-row decode program; the tokens are those of the engine that has every program."""
     prompt = TOK.encode("the quick brown fox jumps over the lazy dog " * 8)
     req = GenerationRequest(prompt, SamplingParams(max_tokens=8, ignore_eos=True), None, "r")
 
@@ -159,7 +159,7 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         keys = launched_keys(engine)
         chunked = generate(engine)
         assert chunked == whole
-        assert keys == [("ragged", 64, 4)] * (-(-len(prompt) // 64) + 7)
+        assert keys == [("ragged", 64, 4)] * -(-len(prompt) // 64) + [("decode", 4)] * 7
         assert engine.scheduler.request_path.compiles == 0
 
 
