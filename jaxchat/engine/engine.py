@@ -69,6 +69,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -214,16 +215,28 @@ def background_order(keys: Sequence[tuple]) -> list[tuple]:
     return out + [k for k in keys if k not in out]
 
 
-def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, seconds: dict) -> None:
+BACKGROUND_NICE = 19  # the background compiles' thread (and the compiler threads it starts) yield to serving
+BACKGROUND_YIELD_S = 5.0  # the longest a background compile waits for the engine to be idle
+
+
+def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, seconds: dict,
+                           busy: Callable[[], bool] = lambda: False) -> None:
     """Compile (or load) `keys` one after the other, each adopted by the runner as it is ready (the engine thread
-    runs it from its next step on); stops when the runner is released. A program that fails to compile is
+    runs it from its next step on), at the lowest CPU priority (`BACKGROUND_NICE`, where the OS sets it per
+    thread), each one started when the engine is idle (`busy()` false) or has been busy for `BACKGROUND_YIELD_S`
+    (so it goes on under a steady load); stops when the runner is released. A program that fails to compile is
     logged and left out (the steps keep to the others)."""
     from tqdm import tqdm
 
+    with contextlib.suppress(OSError, AttributeError):  # Linux: this thread only, below the serving threads
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
     t0 = time.perf_counter()
     with tally.counting(), tqdm(total=len(keys), desc="compiling in the background", unit="program",
                                 leave=False) as bar:
         for key in keys:
+            deadline = time.monotonic() + BACKGROUND_YIELD_S
+            while busy() and time.monotonic() < deadline and not runner.released:
+                time.sleep(0.05)
             if runner.released:
                 return
             start = time.perf_counter()
@@ -496,7 +509,8 @@ class Engine:
             first = set(keys)
             rest = [k for k in background_order(runner.program_keys()) if k not in first]
             self._background = threading.Thread(target=_compile_in_background,
-                                                args=(runner, rest, self.compiles, self.warmup_seconds),
+                                                args=(runner, rest, self.compiles, self.warmup_seconds,
+                                                      self.scheduler.has_work),
                                                 name="jaxchat-compile", daemon=True)
             self._background.start()
 
