@@ -57,8 +57,9 @@ Contract:
   `start=False` and replay them (`step_link.follow(engine.runner, ...)`). When a follower is lost the loop
   stops stepping; the requests it held fail after `CLUSTER_LOST_HOLD_S` (the server has answered them 503 by
   then, see `jaxchat serve`). A multi-process engine keeps no serialized executables.
-- Lifecycle: `shutdown()` (also `close()`, leaving a `with` block, and dropping the last reference to the
-  engine: a finaliser) stops the thread and releases the device state and compiled programs; idempotent.
+- Lifecycle: `shutdown()` (also `close()`, leaving a `with` block, dropping the last reference to the
+  engine, and the interpreter's exit: a finaliser) stops the thread and releases the device state and compiled
+  programs, then waits for a background compile in hand to end (the background stops there); idempotent.
 - `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
   prefix_cache_hit_tokens, jump_forward_tokens, preemptions, kv_pages_used, kv_pages_total, kv_page_size,
   compile_count, compiles_after_warmup (= compiles_on_request_path: what the steps themselves compiled),
@@ -217,6 +218,7 @@ def background_order(keys: Sequence[tuple]) -> list[tuple]:
 
 BACKGROUND_NICE = 19  # the background compiles' thread (and the compiler threads it starts) yield to serving
 BACKGROUND_YIELD_S = 5.0  # the longest a background compile waits for the engine to be idle
+BACKGROUND_JOIN_S = 300.0  # shutting down waits this long at most for the compile in hand
 
 
 def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, seconds: dict,
@@ -263,6 +265,7 @@ class _Core:
         self.arrivals = Arrivals(self.wake)
         self.stopped = False
         self.thread: threading.Thread | None = None
+        self.background: threading.Thread | None = None  # the background compiles, if any
 
     def wake(self) -> None:
         with self.cv:
@@ -327,6 +330,9 @@ class _Core:
         if self.thread is None:
             runner = self.scheduler.runner
             getattr(runner, "release", lambda: None)()
+            background = self.background  # it stops after the compile in hand (it sees the runner released)
+            if background is not None and background is not threading.current_thread():
+                background.join(timeout=BACKGROUND_JOIN_S)  # no compile left running while the process exits
 
 
 class Engine:
@@ -421,6 +427,7 @@ class Engine:
             self.warm_up()
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self._core = _Core(self.scheduler, self._mailbox, burst_gap_s, burst_window_s)
+        self._core.background = self._background
         self.arrivals = self._core.arrivals  # requests the server is still reading (`expect_request`)
         self._finalizer = weakref.finalize(self, _Core.shutdown, self._core)
         if start:
@@ -513,6 +520,8 @@ class Engine:
                                                       self.scheduler.has_work),
                                                 name="jaxchat-compile", daemon=True)
             self._background.start()
+            if hasattr(self, "_core"):
+                self._core.background = self._background
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the background compiles (if any) are done; whether they are."""

@@ -163,6 +163,24 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         assert engine.scheduler.request_path.compiles == 0
 
 
+def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatch):
+    gate, compiled = threading.Event(), []
+    original = engine_module._compile_in_background
+
+    def held(runner, keys, *rest):
+        gate.wait(120)
+        original(runner, keys, *rest)
+        compiled.append(runner.programs_ready())
+
+    monkeypatch.setattr(engine_module, "_compile_in_background", held)
+    engine = Engine(FakeModel(TOK, eos=(EOS,)), background_compile=True, **SHAPES)
+    background = engine._background
+    threading.Timer(1.0, gate.set).start()  # the background starts while the engine shuts down
+    engine.shutdown()
+    assert not background.is_alive()  # shutdown waited for it
+    assert compiled == [0]  # it compiled nothing into the released runner
+
+
 def test_the_background_goes_sampler_then_forward_so_each_is_usable_at_once():
     keys = [("decode", 1), ("decode", 4), ("ragged", 16, 4), ("verify", 8, 4), ("sample", 1), ("sample", 4),
             ("sample", 8)]
