@@ -251,6 +251,8 @@ def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, 
             runner.adopt(key, compiled, prime=True)
             seconds[key] = time.perf_counter() - start
             bar.update(1)
+    if runner.programs_ready() == len(runner.program_keys()):
+        runner.selective = False  # every program is there: steps choose among all, as without a background
     log.info("Background compiles: %d programs in %.1f s; %d of %d programs ready", len(keys),
              time.perf_counter() - t0, runner.programs_ready(), len(runner.program_keys()))
 
@@ -276,18 +278,22 @@ class _Core:
 
     def loop(self) -> None:
         sched = self.scheduler
-        prime = getattr(sched.runner, "prime_adopted", None)
+        unprimed = getattr(sched.runner, "unprimed", lambda: False)
         while True:
             with self.cv:
                 idle = not sched.has_work()
-                while not self.stopped and not sched.has_work():
-                    if prime is not None:
-                        prime()  # programs the background compiled, run once while nothing waits
+                while not self.stopped and not sched.has_work() and not unprimed():
                     self.cv.wait(timeout=0.5)
-                if idle and self.gathers_bursts():
+                if idle and sched.has_work() and self.gathers_bursts():
                     self.gather_burst()
                 if self.stopped:
                     break
+            if not sched.has_work():  # woken to run a program the background compiled once, while nothing waits
+                try:
+                    sched.runner.prime_adopted()
+                except Exception:  # the program stays adopted; its first request pays the first run
+                    log.exception("a first run of a program compiled in the background failed")
+                continue
             try:
                 sched.step()
             except ClusterLost as e:  # no step can run again; the server answers the open requests
@@ -494,7 +500,6 @@ class Engine:
         store, runner = self.runner.executables, self.runner
         background = self.background_compile and self._background is None and not runner.selective
         keys = runner.first_keys() if background else runner.program_keys()
-        runner.selective = runner.selective or background
         last = [t0]
         with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
             def progress(done: int, total: int) -> None:
@@ -505,6 +510,7 @@ class Engine:
                 bar.update(done - bar.n)
 
             runner.warmup(progress, keys=keys)
+        runner.selective = runner.selective or background  # from now on, steps keep to the compiled programs
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized = store.loaded if store is not None else 0
         total = len(runner.program_keys())

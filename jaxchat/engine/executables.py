@@ -29,6 +29,7 @@ import logging
 import os
 import pickle
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,14 @@ def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:
     that is to be written must be compiled for real. (JAX memoizes whether its cache is in use: reset around.)"""
     from jax._src import compilation_cache
 
+    with _AFRESH:  # the setting is process-wide: one such compile at a time (background threads, replicas)
+        return _compile_with_cache_off(program, args, compilation_cache)
+
+
+_AFRESH = threading.Lock()
+
+
+def _compile_with_cache_off(program: Any, args: tuple, compilation_cache: Any) -> jax.stages.Compiled:
     enabled = jax.config.jax_enable_compilation_cache
     jax_log = logging.getLogger(compilation_cache.__name__)
     level = jax_log.level

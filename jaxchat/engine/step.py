@@ -419,15 +419,17 @@ class StepRunner:
 
     @property
     def max_step_tokens(self) -> int:
-        """The most tokens a step may run now (with `selective`: the largest ragged program compiled so far)."""
+        """The most tokens a step may run now: with `selective`, those of the largest ragged program compiled so
+        far over `max_step_rows` rows, so that any step within both limits has a program."""
         if not self.selective:
             return self.token_buckets[-1]
-        return max((k[1] for k in self._ready("ragged")), default=0)
+        rows = self.max_step_rows if self.prefix_reuse else 1
+        return max((k[1] for k in self._ready("ragged") if k[2] >= rows), default=0)
 
     @property
     def max_step_rows(self) -> int:
-        """The most rows a step may run now: `max_batch`, or with `selective` the rows of the largest ragged
-        program compiled so far (models with recurrent layers: of the largest decode step)."""
+        """The most rows a step may run now: `max_batch`, or with `selective` the most rows of a ragged program
+        compiled so far (models with recurrent layers: of a decode step)."""
         if not self.selective:
             return self.max_batch
         kind = "ragged" if self.prefix_reuse else "decode"
@@ -435,8 +437,13 @@ class StepRunner:
 
     @property
     def max_verify_tokens(self) -> int:
-        """The most tokens a step with drafts may run now (0: no verify programs, or none compiled yet)."""
-        return max((k[1] for k in self._ready("verify")), default=0)
+        """The most tokens a step with drafts may run now (0: no verify programs, or none compiled yet): with
+        `selective`, a verify program compiled so far that holds as many rows as the speculator lets such a
+        step have (a quarter of its tokens, within `max_step_rows`)."""
+        if not self.selective:
+            return max((k[1] for k in self._every["verify"]), default=0)
+        cap = self.max_step_rows
+        return max((k[1] for k in self._ready("verify") if k[2] >= min(k[1] // 4, cap)), default=0)
 
     def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> tuple | None:
         """The program for a step of `n_rows` rows running `n_tokens` tokens in all (None: none fits); `verify`: a
@@ -632,14 +639,17 @@ class StepRunner:
         if prime and jax.process_count() == 1:
             self._prime([key for key in keys if key[0] != "sample" and key[1] <= PRIME_TOKENS])
 
+    def unprimed(self) -> bool:
+        """Whether a program adopted with `prime` waits for `prime_adopted` (its sampler ready)."""
+        return not self.released and any(("sample", samples_of(k)) in self._compiled for k in list(self._unprimed))
+
     def prime_adopted(self) -> None:
-        """Run once each program adopted with `prime` since the last call whose sampler is ready (as `warmup`'s
-        `prime`): only from the thread that runs the steps, between steps, with no step's outputs pending."""
-        keys = [key for key in list(self._unprimed) if ("sample", samples_of(key)) in self._compiled]
-        if keys and not self.released:
-            for key in keys:
-                self._unprimed.remove(key)
-            self._prime(keys)
+        """Run once one program adopted with `prime` whose sampler is ready (as `warmup`'s `prime`): only from the
+        thread that runs the steps, between steps, with no step's outputs pending."""
+        key = next((k for k in list(self._unprimed) if ("sample", samples_of(k)) in self._compiled), None)
+        if key is not None and not self.released:
+            self._unprimed.remove(key)
+            self._prime([key])
 
     def _prime(self, keys: Sequence[tuple]) -> None:
         """Run forward programs `keys` and their samplers once on empty rows (nothing written)."""

@@ -169,8 +169,9 @@ def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatc
 
     def held(runner, keys, *rest):
         gate.wait(120)
+        compile_one = runner.compile
+        runner.compile = lambda key: (compiled.append(key), compile_one(key))[1]
         original(runner, keys, *rest)
-        compiled.append(runner.programs_ready())
 
     monkeypatch.setattr(engine_module, "_compile_in_background", held)
     engine = Engine(FakeModel(TOK, eos=(EOS,)), background_compile=True, **SHAPES)
@@ -178,7 +179,38 @@ def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatc
     threading.Timer(1.0, gate.set).start()  # the background starts while the engine shuts down
     engine.shutdown()
     assert not background.is_alive()  # shutdown waited for it
-    assert compiled == [0]  # it compiled nothing into the released runner
+    assert compiled == []  # it saw the runner released and compiled nothing more
+
+
+@pytest.mark.parametrize("max_batch", [4, 16, 64])
+def test_while_programs_are_adopted_one_by_one_every_step_the_scheduler_may_plan_has_a_program(max_batch,
+                                                                                              monkeypatch):
+    """Two row counts of ragged programs (8 and max_batch) and two verify sizes (16, 64: an accelerator's): after
+    each adoption in the background's order, every step within the runner's limits (rows, tokens, and for drafts
+    the speculator's rows and tokens) has a ready program. (Adopted as placeholders: nothing runs.)"""
+    monkeypatch.setattr(engine_module, "verify_buckets", lambda tokens, platform: (16, 64))
+    with Engine(FakeModel(TOK, eos=(EOS,)), max_batch=max_batch, max_context=512, max_step_tokens=2048,
+                speculative="ngram", warmup=False, start=False) as engine:
+        runner, speculator = engine.runner, engine.scheduler.speculator
+        first = runner.first_keys()
+        for key in first:
+            runner.adopt(key, object())
+        runner.selective = True
+        order = [k for k in background_order(runner.program_keys()) if k not in first]
+        for key in [None, *order]:
+            if key is not None:
+                runner.adopt(key, object())
+            rows, tokens = runner.max_step_rows, runner.max_step_tokens
+            assert rows >= 1 and tokens >= rows
+            for n in range(1, rows + 1):
+                for t in sorted({n, n + 1, tokens // 2, tokens} - {0}):
+                    if n <= t <= tokens:
+                        assert runner.shape_for(n, t) is not None, (key, n, t)
+            speculator.limit = runner.max_verify_tokens
+            if speculator.limit > 1:
+                for n in range(1, min(speculator.max_rows, rows) + 1):
+                    assert runner.shape_for(n, speculator.limit, verify=True) is not None, (key, n)
+        assert runner.max_step_tokens == 2048 and runner.max_verify_tokens == 64
 
 
 def test_the_background_goes_sampler_then_forward_so_each_is_usable_at_once():
