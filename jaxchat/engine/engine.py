@@ -248,7 +248,7 @@ def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, 
                 if not runner.released:
                     log.exception("background compile of program %s failed; steps run without it", key)
                 continue
-            runner.adopt(key, compiled, prime=True)
+            runner.adopt(key, compiled)
             seconds[key] = time.perf_counter() - start
             bar.update(1)
     if runner.programs_ready() == len(runner.program_keys()):
@@ -278,22 +278,15 @@ class _Core:
 
     def loop(self) -> None:
         sched = self.scheduler
-        unprimed = getattr(sched.runner, "unprimed", lambda: False)
         while True:
             with self.cv:
                 idle = not sched.has_work()
-                while not self.stopped and not sched.has_work() and not unprimed():
+                while not self.stopped and not sched.has_work():
                     self.cv.wait(timeout=0.5)
-                if idle and sched.has_work() and self.gathers_bursts():
+                if idle and self.gathers_bursts():
                     self.gather_burst()
                 if self.stopped:
                     break
-            if not sched.has_work():  # woken to run a program the background compiled once, while nothing waits
-                try:
-                    sched.runner.prime_adopted()
-                except Exception:  # the program stays adopted; its first request pays the first run
-                    log.exception("a first run of a program compiled in the background failed")
-                continue
             try:
                 sched.step()
             except ClusterLost as e:  # no step can run again; the server answers the open requests

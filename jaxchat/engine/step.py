@@ -330,7 +330,6 @@ class StepRunner:
         self.selective = False
         self.released = False
         self._usable: dict[str, tuple] = {}  # with `selective`: the compiled forwards of each kind
-        self._unprimed: list[tuple] = []  # adopted from another thread, not run yet (`prime_adopted`)
         rep = NamedSharding(mesh, P())
         params = model.params
         if model.vocab_major_head is not None and max(self.decode_rows + self.ragged_rows) > 1:
@@ -397,14 +396,13 @@ class StepRunner:
         keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t)), ("decode", self.decode_rows[-1])]
         return keys + [("sample", n) for n in sorted({samples_of(k) for k in keys})]
 
-    def adopt(self, key: tuple, compiled: Any, prime: bool = False) -> None:
-        """Make compiled program `key` one the steps may run (from any thread; a released runner ignores it);
-        `prime`: `prime_adopted` runs it once (the thread that runs the steps, when idle)."""
+    def adopt(self, key: tuple, compiled: Any) -> None:
+        """Make compiled program `key` one the steps may run (from any thread; a released runner ignores it). One
+        adopted after `warmup` is not run ahead of its first step: the engine's thread runs nothing of its own
+        accord, so code that drives an idle engine's runner directly (notebooks) may."""
         if self.released:
             return
         self._compiled[key] = compiled
-        if prime and key[0] != "sample" and key[1] <= PRIME_TOKENS:
-            self._unprimed.append(key)
         ready = [k for k in self.program_keys() if k[0] != "sample" and k in self._compiled
                  and ("sample", samples_of(k)) in self._compiled]
         self._usable = {kind: tuple(k for k in ready if k[0] == kind) for kind in ("decode", "ragged", "verify")}
@@ -638,18 +636,6 @@ class StepRunner:
                 progress(i + 1, len(keys))
         if prime and jax.process_count() == 1:
             self._prime([key for key in keys if key[0] != "sample" and key[1] <= PRIME_TOKENS])
-
-    def unprimed(self) -> bool:
-        """Whether a program adopted with `prime` waits for `prime_adopted` (its sampler ready)."""
-        return not self.released and any(("sample", samples_of(k)) in self._compiled for k in list(self._unprimed))
-
-    def prime_adopted(self) -> None:
-        """Run once one program adopted with `prime` whose sampler is ready (as `warmup`'s `prime`): only from the
-        thread that runs the steps, between steps, with no step's outputs pending."""
-        key = next((k for k in list(self._unprimed) if ("sample", samples_of(k)) in self._compiled), None)
-        if key is not None and not self.released:
-            self._unprimed.remove(key)
-            self._prime([key])
 
     def _prime(self, keys: Sequence[tuple]) -> None:
         """Run forward programs `keys` and their samplers once on empty rows (nothing written)."""
