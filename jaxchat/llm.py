@@ -10,7 +10,8 @@ with `.text` and `.token_ids` (its other keyword arguments are the sampling fiel
 `Limits`, as the server's, so a bad call raises `jaxchat.chat.RequestError` naming the field.
 The step programs are kept in the executable store `jaxchat serve` uses (`executable_cache=DIR` elsewhere, None
 for none), so a program compiled by one is loaded by the other. As under `jaxchat serve`, the engine answers once
-its first programs are ready and compiles the others in the background (`background_compile=False`: all first). `LLM.from_service(service)` wraps an already built pipeline. `.close()`, leaving a `with LLM(...)` block, or
+its first programs are ready and compiles the others in the background (`background_compile=False`: all first).
+`LLM.from_service(service)` wraps an already built pipeline. `.close()`, leaving a `with LLM(...)` block, or
 dropping the last reference (a finaliser) stops the engine's thread and releases its device buffers and compiled
 programs, so a notebook can build and drop models for as long as it likes. Only `jaxchat.api` is used: no
 starlette.

@@ -7,11 +7,12 @@ Contract:
   programs (`step.StepRunner`), precompiles them (`warmup=True`, or `warm_up()` later; a log line "Warm-up: N
   programs ...") and starts the host loop thread; after that no request compiles (`engine.warmup_seconds`: each
   program's key -> the seconds its compile or load took). `background_compile=True` (one process only): the
-  warm-up compiles only the first set (`StepRunner.first_keys`: one ragged program and its sampler) and the
-  engine serves at once; the other programs compile on a thread ("jaxchat-compile", `wait_compiled()`), each
-  run by the steps from the one after it is ready; until then a step runs as chunks of a ready program
-  (`StepRunner.selective`), so a step never waits on a compile (`compiles_on_request_path` stays 0). `max_batch` is the number of requests that
-  run at once (slots); `max_context` is a per-request limit (prompt + output), not a reservation.
+  warm-up compiles only the first set (`StepRunner.first_keys`: one ragged program, the largest decode step,
+  their sampler) and the engine serves at once; the other programs compile on a thread ("jaxchat-compile",
+  `wait_compiled()`), each run by the steps from the one after it is ready; until then a step runs as chunks of
+  a ready program (`StepRunner.selective`), so a step never waits on a compile (`compiles_on_request_path`
+  stays 0). `max_batch` is the number of requests that run at once (slots); `max_context` is a per-request
+  limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
   as many pages as `kv_cache_gib` GiB per device hold; by default, on devices that report their memory
   (TPU, GPU) what each device has left after the weights, the device state, the largest steps' temporaries

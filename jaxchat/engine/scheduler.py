@@ -15,10 +15,11 @@ Contract:
   in the next step. Greedy outputs are those of `overlap=False` (launch, sample, take in turn).
 - `schedule()` (the decisions; the runner only executes): within one step's token budget
   (`runner.max_step_tokens`) and rows (`runner.max_step_rows`: both those of the programs compiled so far
-  while the rest compile in the background, so a long prompt runs in chunks of a ready program) it takes every running request's pending tokens, oldest first (one token while
-  decoding, the sampled token and forced text after a jump, the next chunk of a prompt), then admits waiting
-  requests in arrival order while a slot, budget and the pages of the whole prompt can be had; each row's
-  page table is extended to cover what it runs. A row samples when the step runs its last pending token.
+  while the rest compile in the background, so a long prompt runs in chunks of a ready program) it takes
+  every running request's pending tokens, oldest first (one token while decoding, the sampled token and forced
+  text after a jump, the next chunk of a prompt), then admits waiting requests in arrival order while a slot,
+  budget and the pages of the whole prompt can be had; each row's page table is extended to cover what it runs.
+  A row samples when the step runs its last pending token.
   Models with recurrent layers get uniform steps only: one row's chunk alone, or every row one token.
 - Pages (`pages.PagePool`): a request holds the pages of its tokens; full pages whose K/V are written are
   keyed in the prefix cache after each step (`--no-prefix-cache` keys nothing; models with recurrent layers

@@ -13,10 +13,10 @@ Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it
 - `draft(rows, pool)`: after the scheduler planned a step of at most `max_rows` rows, each drafting row that
   runs exactly its last sampled token gets up to k drafts (`drafts.NgramIndex` over its tokens; k from its
   `drafts.DraftLength`, at most what `max_tokens` and the context leave, and what keeps the step within
-  `limit` tokens, the largest verify step compiled so far: `max_tokens` once all are). A row with planned forced tokens (jump-forward off: its masks
-  are pinned to them) does not draft. Its constraint fills the mask of every position (`draft_masks`: the
-  grammar advanced through the drafts, then rolled back; a draft token it rejects ends the draft there). The
-  row's pages are extended to hold the drafts (free or evictable pages only: no preemption for a draft). A row
+  `limit` tokens, the largest verify step compiled so far: `max_tokens` once all are). A row with planned
+  forced tokens (jump-forward off: its masks are pinned to them) does not draft. Its constraint fills the mask
+  of every position (`draft_masks`: the grammar advanced through the drafts, then rolled back; a draft token
+  it rejects ends the draft there). The row's pages are extended to hold the drafts (free or evictable pages only: no preemption for a draft). A row
   with drafts samples at every position (`RowInput.drafts`).
 - `verified(seq, row, tokens)`: the tokens sampled at the row's positions; the drafts are accepted while each
   equals the token sampled before it (greedy: the argmax; with temperature the sampler's rejection step, see

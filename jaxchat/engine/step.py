@@ -193,13 +193,6 @@ def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def bucket_for(n: int, buckets: Sequence[int]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
-
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A 1-D mesh (axis "tp") over `devices`, by default every device of the runtime: all processes' devices
     when several processes joined it (`cluster.join_cluster`), process by process in order."""
@@ -393,7 +386,8 @@ class StepRunner:
         buckets = self.token_buckets
         middle = buckets[len(buckets) // 2]
         t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
-        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t)), ("decode", self.decode_rows[-1])]
+        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t)),
+                             ("decode", self.decode_rows[-1])]
         return keys + [("sample", n) for n in sorted({samples_of(k) for k in keys})]
 
     def adopt(self, key: tuple, compiled: Any) -> None:
@@ -635,16 +629,12 @@ class StepRunner:
             if progress is not None:
                 progress(i + 1, len(keys))
         if prime and jax.process_count() == 1:
-            self._prime([key for key in keys if key[0] != "sample" and key[1] <= PRIME_TOKENS])
-
-    def _prime(self, keys: Sequence[tuple]) -> None:
-        """Run forward programs `keys` and their samplers once on empty rows (nothing written)."""
-        for key in keys:
-            if ("sample", samples_of(key)) in self._compiled:
-                self._forward(key, self.pack_forward(key, []))
-                self._sample(samples_of(key), self.pack_sample(key, []))
-        jax.block_until_ready(self.state)
-        self._out = None
+            for key in keys:
+                if key[0] != "sample" and key[1] <= PRIME_TOKENS and ("sample", samples_of(key)) in self._compiled:
+                    self._forward(key, self.pack_forward(key, []))
+                    self._sample(samples_of(key), self.pack_sample(key, []))
+            jax.block_until_ready(self.state)
+            self._out = None
 
     def release(self) -> None:
         """Drop the device state and compiled programs (the engine is being closed)."""
