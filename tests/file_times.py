@@ -3,7 +3,8 @@
 Every test report's duration (setup, call and teardown, module fixtures included in the first test's setup)
 is summed per file on the process that writes the terminal summary (the xdist controller or a plain run).
 At the end the slowest files are printed and, when `JAXCHAT_TEST_TIMES` names a path, the whole table is
-written there as JSON: {"files": {path: seconds}, "tests": n, "wall": seconds}. `python -m tests.file_times
+written there as JSON: {"files": {path: seconds}, "tests": n, "wall": seconds, "slowest": {"nodeid phase":
+seconds}} (`slowest`: the 200 longest setup/call/teardown phases, to see inside a slow file). `python -m tests.file_times
 A.json B.json ...` merges such files (a file met twice adds up) and prints the top of the table as markdown.
 """
 
@@ -18,14 +19,18 @@ from pathlib import Path
 
 _seconds: dict[str, float] = defaultdict(float)
 _tests: set[str] = set()
+_phases: dict[str, float] = {}
+SLOWEST_PHASES = 200
 _started = time.monotonic()
 
 
 def record(report) -> None:
     """Add one test report's duration to its file's sum."""
     path = report.nodeid.split("::", 1)[0]
-    _seconds[path] += float(getattr(report, "duration", 0.0) or 0.0)
+    duration = float(getattr(report, "duration", 0.0) or 0.0)
+    _seconds[path] += duration
     _tests.add(report.nodeid)
+    _phases[f"{report.nodeid} {getattr(report, 'when', '?')}"] = round(duration, 2)
 
 
 def table(seconds: dict[str, float], top: int = 20) -> list[tuple[str, float]]:
@@ -44,7 +49,9 @@ def write_summary(write_line) -> None:
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({"files": dict(sorted(_seconds.items())), "tests": len(_tests),
-                                         "wall": round(time.monotonic() - _started, 1)}, indent=1))
+                                         "wall": round(time.monotonic() - _started, 1),
+                                         "slowest": dict(sorted(_phases.items(), key=lambda kv: -kv[1])[:SLOWEST_PHASES])},
+                                        indent=1))
 
 
 def merge(paths: list[str]) -> dict:
