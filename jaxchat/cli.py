@@ -86,10 +86,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="speculative decoding: ngram drafts tokens from the request's own context (prompt "
                             "lookup) and verifies them in one step under the grammar; greedy outputs are unchanged. "
                             "auto: ngram on CPU, off on TPU/GPU (not yet measured there)")
+    serve.add_argument("--programs", choices=("background", "all", "first"), default=None,
+                       help="which step programs to compile, and when. background (the default, or what "
+                            "JAXCHAT_PROGRAMS says): serve once one ragged program, the largest decode step and their "
+                            "sampler are ready, the others compile in the background, steps chunked into the ready "
+                            "ones until then; all: compile every program before serving; first: those three only, "
+                            "ever (the least compile time and memory; no speculative drafts)")
     serve.add_argument("--no-background-compile", action="store_true",
-                       help="compile every step program before serving (default: serve once the first program "
-                            "and its sampler are ready; the others compile in the background, steps chunked "
-                            "into the ready ones until then)")
+                       help="the same as --programs all")
     serve.add_argument("--no-overlap", action="store_true",
                        help="take each step's tokens before launching the next (default: the host takes them and "
                             "fills the grammar masks while the next step's forward runs)")
@@ -162,6 +166,22 @@ def _positive(args: argparse.Namespace, *names: str) -> None:
             raise SystemExit(f"jaxchat: error: --{name.replace('_', '-')} must be positive")
 
 
+def _program_set(args: argparse.Namespace) -> str:
+    """--programs, else "all" for --no-background-compile, else the default (JAXCHAT_PROGRAMS or "background")."""
+    from jaxchat.api import default_programs
+
+    if args.programs is not None and args.no_background_compile and args.programs != "all":
+        raise SystemExit(f"jaxchat: error: --no-background-compile contradicts --programs {args.programs}")
+    if args.programs is not None:
+        return args.programs
+    if args.no_background_compile:
+        return "all"
+    try:
+        return default_programs()
+    except ValueError as exc:
+        raise SystemExit(f"jaxchat: error: {exc}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from jaxchat.engine.host_memory import keep_freed_memory, release_freed_memory
 
@@ -195,7 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
                        jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
                        page_size=args.page_size, max_step_tokens=args.max_step_tokens, attention=args.attention,
                        overlap=not args.no_overlap, decode_rows=args.decode_rows,
-                       background_compile=not args.no_background_compile)
+                       programs=_program_set(args))
     engine_args["speculative"] = args.speculative
     if args.burst_window_ms is not None:
         engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0

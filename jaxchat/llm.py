@@ -10,7 +10,8 @@ with `.text` and `.token_ids` (its other keyword arguments are the sampling fiel
 `Limits`, as the server's, so a bad call raises `jaxchat.chat.RequestError` naming the field.
 The step programs are kept in the executable store `jaxchat serve` uses (`executable_cache=DIR` elsewhere, None
 for none), so a program compiled by one is loaded by the other. As under `jaxchat serve`, the engine answers once
-its first programs are ready and compiles the others in the background (`background_compile=False`: all first).
+its first programs are ready and compiles the others in the background (`programs="all"`: all first; "first":
+the first set only; the default also comes from `JAXCHAT_PROGRAMS`, as for `jaxchat serve --programs`).
 `LLM.from_service(service)` wraps an already built pipeline. `.close()`, leaving a `with LLM(...)` block, or
 dropping the last reference (a finaliser) stops the engine's thread and releases its device buffers and compiled
 programs, so a notebook can build and drop models for as long as it likes. Only `jaxchat.api` is used: no
@@ -31,6 +32,7 @@ from jaxchat.api import (
     Sampling,
     build_chat_service,
     default_executable_cache,
+    default_programs,
     parse_chat_request,
     parse_completion_request,
 )
@@ -52,7 +54,7 @@ class LLM:
                  **kwargs) -> None:
         # the step programs go to (and come from) the executable store `jaxchat serve` uses, unless told otherwise
         kwargs.setdefault("executable_cache", default_executable_cache())
-        kwargs.setdefault("background_compile", True)  # the first answer as soon as `jaxchat serve` gives it
+        kwargs.setdefault("programs", default_programs())  # the first answer as soon as `jaxchat serve` gives it
         self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype,
                                        quantize=quantize, data_parallel=data_parallel, **kwargs), limits)
 

@@ -12,6 +12,13 @@ import pytest
 # outweighs faster compiles) and the compile-bound family-formats + stream-agreement files 81 s either way.
 # docs/testing.md has the figures; set the variable to try it again.
 
+# `jaxchat serve` and `jaxchat.LLM()` started by the tests (servers, notebooks' kernels: they inherit this) compile
+# their first set of programs only (jaxchat/engine/program_set.py): the default "background" would go on
+# compiling programs these short-lived engines never run, beside the other tests on the same 2 cores (176 s of
+# compiles behind the default model's server in one cold run). The background itself is tested where it is the
+# subject (tests/engine/test_background_compile.py, tests/e2e/test_warm_start.py pass it explicitly).
+os.environ.setdefault("JAXCHAT_PROGRAMS", "first")
+
 
 def pytest_runtest_logreport(report):
     from tests import file_times

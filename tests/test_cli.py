@@ -231,3 +231,40 @@ def test_data_parallel_that_does_not_divide_the_devices_is_a_clear_error_before_
     with pytest.raises(SystemExit) as exc:  # this process has 1 device; the model path is never read
         main(["serve", "--model", "/nonexistent/model", "--no-compile-cache", "--data-parallel", "3"])
     assert "--data-parallel 3 does not divide the 1 devices" in str(exc.value)
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    ([], None, "background"), ([], "first", "first"), (["--programs", "all"], "first", "all"),
+    (["--no-background-compile"], None, "all"), (["--programs", "first"], None, "first"),
+    (["--no-background-compile", "--programs", "all"], None, "all"),
+])
+def test_serve_program_set_from_flags_then_environment(flags, env, expected, monkeypatch):
+    """`--programs` wins, `--no-background-compile` means "all", else JAXCHAT_PROGRAMS, else "background";
+    `jaxchat.LLM()` takes the same default from the environment."""
+    from jaxchat.api import default_programs
+    from jaxchat.cli import _program_set
+
+    if env is None:
+        monkeypatch.delenv("JAXCHAT_PROGRAMS", raising=False)
+    else:
+        monkeypatch.setenv("JAXCHAT_PROGRAMS", env)
+    assert _program_set(_parser().parse_args(["serve", *flags])) == expected
+    if not flags:
+        assert default_programs() == expected
+
+
+@pytest.mark.parametrize("flags, env, message", [
+    (["--no-background-compile", "--programs", "first"], None, "contradicts --programs first"),
+    ([], "some", "JAXCHAT_PROGRAMS='some': choose one of background, all, first"),
+])
+def test_serve_program_set_errors_are_clear(flags, env, message, monkeypatch):
+    from jaxchat.cli import _program_set
+
+    if env is None:
+        monkeypatch.delenv("JAXCHAT_PROGRAMS", raising=False)
+    else:
+        monkeypatch.setenv("JAXCHAT_PROGRAMS", env)
+    with pytest.raises(SystemExit, match=message):
+        _program_set(_parser().parse_args(["serve", *flags]))
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--programs", "some"])  # argparse's own choice check, exit 2

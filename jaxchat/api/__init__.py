@@ -12,7 +12,7 @@ grammar, engine and parser and returns OpenAI shapes (`shapes`; Anthropic's are 
 and importing it does not import jax or xgrammar (only `build_chat_service` does, when called).
 """
 
-from jaxchat.api.build import build_chat_service, default_executable_cache, model_id_for
+from jaxchat.api.build import build_chat_service, default_executable_cache, default_programs, model_id_for
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.limits import Limits
 from jaxchat.api.messages_request import parse_messages_request
@@ -42,6 +42,7 @@ __all__ = [
     "ServingEngine",
     "build_chat_service",
     "default_executable_cache",
+    "default_programs",
     "messages_error_json",
     "model_id_for",
     "parse_chat_request",

@@ -37,6 +37,14 @@ def default_executable_cache(compile_cache=None) -> Path:
     return Path(compile_cache if compile_cache is not None else default_compile_cache_dir()) / "executables"
 
 
+def default_programs() -> str:
+    """Which step programs `jaxchat serve` and `jaxchat.LLM()` compile, and when, unless told: "background", or
+    what the environment's `JAXCHAT_PROGRAMS` says (`jaxchat.engine.program_set`)."""
+    from jaxchat.engine.program_set import default_program_set
+
+    return default_program_set()
+
+
 def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "auto",
                        constrained: bool = True, quantize: str | None = None, data_parallel: int | None = None,
                        **engine_kwargs) -> ChatService:

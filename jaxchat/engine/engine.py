@@ -6,12 +6,13 @@ Contract:
   (`model.step_model(params, platform)`, a `jaxchat.models.StepModel`), builds the KV pool and the step
   programs (`step.StepRunner`), precompiles them (`warmup=True`, or `warm_up()` later; a log line "Warm-up: N
   programs ...") and starts the host loop thread; after that no request compiles (`engine.warmup_seconds`: each
-  program's key -> the seconds its compile or load took). `background_compile=True` (one process only): the
-  warm-up compiles only the first set (`StepRunner.first_keys`: one ragged program, the largest decode step,
-  their sampler) and the engine serves at once; the other programs compile on a thread ("jaxchat-compile",
-  `wait_compiled()`), each run by the steps from the one after it is ready; until then a step runs as chunks of
-  a ready program (`StepRunner.selective`), so a step never waits on a compile (`compiles_on_request_path`
-  stays 0). `max_batch` is the number of requests that run at once (slots); `max_context` is a per-request
+  program's key -> the seconds its compile or load took). `programs` (`program_set`): "all" (the default here)
+  compiles every program at warm-up; "background" (one process only; "all" in a cluster) only the first set
+  (`StepRunner.first_keys`: one ragged program, the largest decode step, their sampler), and the engine serves at
+  once while the other programs compile on a thread ("jaxchat-compile", `wait_compiled()`), each run by the
+  steps from the one after it is ready; "first" the first set and nothing more. Until a program is ready a step
+  runs as chunks of a ready one (`StepRunner.selective`), so a step never waits on a compile
+  (`compiles_on_request_path` stays 0). `max_batch` is the number of requests that run at once (slots); `max_context` is a per-request
   limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
   as many pages as `kv_cache_gib` GiB per device hold; by default, on devices that report their memory
@@ -95,6 +96,7 @@ from jaxchat.engine.chips import chip_of_device
 from jaxchat.engine.compiles import Tally
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
+from jaxchat.engine.program_set import check_program_set
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets, samples_of
 from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, LeaderLink
@@ -357,7 +359,7 @@ class Engine:
         speculative: str = "off",
         draft_tokens: int | None = None,
         warmup: bool = True,
-        background_compile: bool = False,
+        programs: str = "all",
         start: bool = True,
         burst_gap_s: float = BURST_GAP_S,
         burst_window_s: float = BURST_WINDOW_S,
@@ -366,9 +368,10 @@ class Engine:
             raise ValueError(f"decode_rows {tuple(decode_rows)}: each row count must be from 1 to max_batch ({max_batch})")
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
-        # the first programs at warm-up, the others on a thread while the engine serves (one process only: the
-        # processes of a cluster must run the same program at each step)
-        self.background_compile = background_compile and jax.process_count() == 1
+        # "background": the first programs at warm-up, the others on a thread while the engine serves (one process
+        # only: the processes of a cluster must run the same program at each step, so there it is "all")
+        check_program_set(programs)
+        self.programs = "all" if programs == "background" and jax.process_count() > 1 else programs
         self._background: threading.Thread | None = None
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
         self.tokenizer = model.tokenizer
@@ -479,7 +482,7 @@ class Engine:
     def warm_up(self) -> None:
         """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
         built with `warmup=False` may do it later, from any thread); its compiles count as the warm-up's. With
-        `background_compile`: the first set (`StepRunner.first_keys`) now, the others on a background thread,
+        `programs` "background" or "first": the first set (`StepRunner.first_keys`) now, the others on a background thread,
         each run by the steps once it is ready (`StepRunner.selective`: until then a step is chunked into the
         ready ones, never waiting on a compile)."""
         with self.compiles.counting():
@@ -492,8 +495,9 @@ class Engine:
 
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
         store, runner = self.runner.executables, self.runner
-        background = self.background_compile and self._background is None and not runner.selective
-        keys = runner.first_keys() if background else runner.program_keys()
+        first_set = self.programs != "all" and self._background is None and not runner.selective
+        background = first_set and self.programs == "background"
+        keys = runner.first_keys() if first_set else runner.program_keys()
         last = [t0]
         with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
             def progress(done: int, total: int) -> None:
@@ -504,14 +508,15 @@ class Engine:
                 bar.update(done - bar.n)
 
             runner.warmup(progress, keys=keys)
-        runner.selective = runner.selective or background  # from now on, steps keep to the compiled programs
+        runner.selective = runner.selective or first_set  # from now on, steps keep to the compiled programs
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized = store.loaded if store is not None else 0
         total = len(runner.program_keys())
         log.info("Warm-up: %s programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
-                 "as executables)%s", f"{len(keys)} of {total}" if background else total, time.perf_counter() - t0,
+                 "as executables)%s", f"{len(keys)} of {total}" if first_set else total, time.perf_counter() - t0,
                  compiled - loaded, loaded, deserialized,
-                 "; the others compile in the background" if background and len(keys) < total else "")
+                 "" if len(keys) == total else "; the others compile in the background" if background
+                 else "; the others are not compiled (programs: first)")
         if background and len(keys) < total:
             first = set(keys)
             rest = [k for k in background_order(runner.program_keys()) if k not in first]

@@ -29,7 +29,7 @@ def start_and_read_metrics(model: Path, *cache_args: str, log: Path, env_cache: 
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     if env_cache is not None:
         env["JAX_COMPILATION_CACHE_DIR"] = str(env_cache)
-    proc, base = start_serve(["--model", str(model), *SERVE_ARGS, *cache_args], log,
+    proc, base = start_serve(["--model", str(model), *SERVE_ARGS, "--programs", "background", *cache_args], log,
                              env=env, timeout=300)
     try:
         with urllib.request.urlopen(base + "/v1/models", timeout=10) as r:

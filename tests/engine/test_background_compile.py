@@ -98,7 +98,7 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         original(*args)
 
     monkeypatch.setattr(engine_module, "_compile_in_background", held)
-    with Engine(FakeModel(TOK, eos=(EOS,)), background_compile=True, **SHAPES) as engine:
+    with Engine(FakeModel(TOK, eos=(EOS,)), programs="background", **SHAPES) as engine:
         runner = engine.runner
         first = runner.first_keys()
         assert first == [("ragged", 64, 4), ("decode", 4), ("sample", 4)]
@@ -129,8 +129,9 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
 
 
 def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
-    """Only the first set compiled (no background thread): a 350-token prompt runs as 64-token chunks, one row's
-    decode steps in the 4-row decode program; the tokens are those of the engine that has every program."""
+    """Only the first set compiled (`programs="first"`: no background thread, nothing compiled later): a 350-token
+    prompt runs as 64-token chunks, one row's decode steps in the 4-row decode program; the tokens are those of the
+    engine that has every program."""
     prompt = TOK.encode("the quick brown fox jumps over the lazy dog " * 8)
     req = GenerationRequest(prompt, SamplingParams(max_tokens=8, ignore_eos=True), None, "r")
 
@@ -145,16 +146,18 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         keys = launched_keys(full)
         whole = generate(full)
         assert ("ragged", 256, 4) in keys and ("decode", 1) in keys
-    with Engine(FakeModel(TOK, eos=(EOS,)), start=False, warmup=False, **SHAPES) as engine:
+    with Engine(FakeModel(TOK, eos=(EOS,)), start=False, programs="first", **SHAPES) as engine:
         runner = engine.runner
-        runner.selective = True
-        runner.warmup(keys=runner.first_keys())
+        assert runner.selective and engine._background is None
+        stats = engine.stats()
+        assert stats["programs_ready"] == len(runner.first_keys()) == 3 < stats["programs_total"]
         assert runner.max_step_tokens == 64 and runner.max_step_rows == 4 and runner.max_verify_tokens == 0
         keys = launched_keys(engine)
         chunked = generate(engine)
         assert chunked == whole
         assert keys == [("ragged", 64, 4)] * -(-len(prompt) // 64) + [("decode", 4)] * 7
         assert engine.scheduler.request_path.compiles == 0
+        assert engine.stats()["programs_ready"] == 3  # still the first set: nothing compiled behind the steps
 
 
 def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatch):
@@ -168,7 +171,7 @@ def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatc
         original(runner, keys, *rest)
 
     monkeypatch.setattr(engine_module, "_compile_in_background", held)
-    engine = Engine(FakeModel(TOK, eos=(EOS,)), background_compile=True, **SHAPES)
+    engine = Engine(FakeModel(TOK, eos=(EOS,)), programs="background", **SHAPES)
     background = engine._background
     threading.Timer(1.0, gate.set).start()  # the background starts while the engine shuts down
     engine.shutdown()
@@ -212,3 +215,8 @@ def test_the_background_goes_sampler_then_forward_so_each_is_usable_at_once():
             ("sample", 8)]
     assert background_order(keys) == [("sample", 1), ("decode", 1), ("sample", 4), ("decode", 4),
                                       ("ragged", 16, 4), ("sample", 8), ("verify", 8, 4)]
+
+
+def test_an_unknown_program_set_is_a_clear_error():
+    with pytest.raises(ValueError, match="programs 'some': choose one of background, all, first"):
+        Engine(FakeModel(TOK, eos=(EOS,)), programs="some", **SHAPES)
