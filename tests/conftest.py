@@ -14,9 +14,10 @@ import pytest
 
 # `jaxchat serve` and `jaxchat.LLM()` started by the tests (servers, notebooks' kernels: they inherit this) compile
 # their first set of programs only (jaxchat/engine/program_set.py): the default "background" would go on
-# compiling programs these short-lived engines never run, beside the other tests on the same 2 cores (176 s of
-# compiles behind the default model's server in one cold run). The background itself is tested where it is the
-# subject (tests/engine/test_background_compile.py, tests/e2e/test_warm_start.py pass it explicitly).
+# compiling programs these short-lived engines never run, beside the other tests on the same 2 cores. The
+# background is tested where it is the subject (tests/engine/test_background_compile.py,
+# tests/e2e/test_warm_start.py), and the real 0.5B's server and the notebooks keep it (each step of the 0.5B pays
+# for its program's size: a first set alone made the default model's server tests 254 s instead of 158 s).
 os.environ.setdefault("JAXCHAT_PROGRAMS", "first")
 
 

@@ -66,6 +66,7 @@ def kernel_env(tmp_path_factory):
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "TQDM_DISABLE": "1",
+        "JAXCHAT_PROGRAMS": "background",  # what users get (the test run's default is "first": tests/conftest.py)
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -12,6 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxchat.models import ModelLoadError, from_hf_config, load_model, to_hf_config
 from jaxchat.models.gguf_loader import hf_name, unpermute
+from tests.models.tiny_gguf import tiny_llama_gguf
 
 
 def _rewrite(src, dst, edit):
@@ -192,10 +193,9 @@ def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
     import gguf.quants
     import jax
 
-    from jaxchat.assets import asset_path
     from jaxchat.models import gguf_loader
 
-    path = asset_path("smollm2-135m-instruct-q4_1.gguf")
+    path = tiny_llama_gguf(tmp_path / "tiny.gguf")
     monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
     first = gguf_loader.load_gguf(path, tokenizer=False)
     cache = gguf_loader.dequantized_cache_file(path)
@@ -229,11 +229,9 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
     import gguf.quants
     import jax
 
-    from jaxchat.assets import asset_path
     from jaxchat.models import dequant_cache, gguf_loader
 
-    source = tmp_path / "smollm2.gguf"
-    shutil.copyfile(asset_path("smollm2-135m-instruct-q4_1.gguf"), source)
+    source = tiny_llama_gguf(tmp_path / "tiny.gguf")
     monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
     fresh = gguf_loader.load_gguf(source, tokenizer=False)
     cache = gguf_loader.dequantized_cache_file(source)
@@ -244,7 +242,7 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
     assert dequant_cache.damage(cache, broken, source).startswith("its checksums could not be verified")
     edited = {**meta, "config": meta["config"].replace('"num_layers": ', '"num_layers": 1')}
     assert "its metadata" in dequant_cache.damage(cache, edited, source)
-    (tmp_path / "dequantized" / "smollm2-1-2-v2.safetensors").write_bytes(b"an old version's file")
+    (tmp_path / "dequantized" / "tiny-1-2-v2.safetensors").write_bytes(b"an old version's file")
     dequants = []
     real = gguf.quants.dequantize
     monkeypatch.setattr(gguf.quants, "dequantize", lambda *a, **k: dequants.append(1) or real(*a, **k))
@@ -266,7 +264,7 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
         f.seek(-3, 2)
         f.write(bytes([byte[0] ^ 0x40]))
     reload_and_check("does not match its checksum", fresh)
-    assert not (tmp_path / "dequantized" / "smollm2-1-2-v2.safetensors").exists()  # the stale sibling went
+    assert not (tmp_path / "dequantized" / "tiny-1-2-v2.safetensors").exists()  # the stale sibling went
     stat = source.stat()
     reader = gguf.GGUFReader(str(source))
     start = int(reader.tensors[0].data_offset)  # one byte of the first tensor's data, same size and mtime
