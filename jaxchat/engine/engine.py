@@ -12,8 +12,8 @@ Contract:
   once while the other programs compile on a thread ("jaxchat-compile", `wait_compiled()`), each run by the
   steps from the one after it is ready; "first" the first set and nothing more. Until a program is ready a step
   runs as chunks of a ready one (`StepRunner.selective`), so a step never waits on a compile
-  (`compiles_on_request_path` stays 0). `max_batch` is the number of requests that run at once (slots); `max_context` is a per-request
-  limit (prompt + output), not a reservation.
+  (`compiles_on_request_path` stays 0). `max_batch` is the number of requests that run at once (slots);
+  `max_context` is a per-request limit (prompt + output), not a reservation.
 - The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
   as many pages as `kv_cache_gib` GiB per device hold; by default, on devices that report their memory
   (TPU, GPU) what each device has left after the weights, the device state, the largest steps' temporaries
@@ -482,9 +482,9 @@ class Engine:
     def warm_up(self) -> None:
         """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
         built with `warmup=False` may do it later, from any thread); its compiles count as the warm-up's. With
-        `programs` "background" or "first": the first set (`StepRunner.first_keys`) now, the others on a background thread,
-        each run by the steps once it is ready (`StepRunner.selective`: until then a step is chunked into the
-        ready ones, never waiting on a compile)."""
+        `programs` "background" or "first": the first set (`StepRunner.first_keys`) now ("background": the others on
+        a background thread, each run by the steps once it is ready); until a program is ready a step is chunked
+        into the ready ones, never waiting on a compile (`StepRunner.selective`)."""
         with self.compiles.counting():
             self._warmup()
 
