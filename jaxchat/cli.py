@@ -34,6 +34,7 @@ import logging
 import os
 import sys
 
+from jaxchat.engine.program_set import PROGRAM_SETS
 from jaxchat.models.load import DTYPES, QUANTIZE
 
 
@@ -86,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="speculative decoding: ngram drafts tokens from the request's own context (prompt "
                             "lookup) and verifies them in one step under the grammar; greedy outputs are unchanged. "
                             "auto: ngram on CPU, off on TPU/GPU (not yet measured there)")
-    serve.add_argument("--programs", choices=("background", "all", "first"), default=None,
+    serve.add_argument("--programs", choices=PROGRAM_SETS, default=None,
                        help="which step programs to compile, and when. background (the default, or what "
                             "JAXCHAT_PROGRAMS says): serve once one ragged program, the largest decode step and their "
                             "sampler are ready, the others compile in the background, steps chunked into the ready "
