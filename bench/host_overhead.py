@@ -159,10 +159,10 @@ def period_ms(engine, grammar, spec, body, rows: int, steps: int) -> tuple[float
         sched.submit(GenerationRequest([100 + i, 200, 300, 400], SamplingParams(max_tokens=steps + 8, ignore_eos=True),
                                        constraint, f"r{i}"), lambda out: done.append(out) if out.finished else None)
     periods, hosts = [], []
-    while sched.has_work():
+    while engine.core.has_work():
         waited[0] = 0.0
         t0 = time.perf_counter()
-        sched.step()
+        engine.core.step()
         periods.append(time.perf_counter() - t0)
         hosts.append(periods[-1] - waited[0])
     if wrapped:

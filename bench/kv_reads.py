@@ -41,7 +41,7 @@ def main() -> None:
 
     from jaxchat.engine import attention_xla, pool_size
     from jaxchat.engine.engine import attention_backend
-    from jaxchat.engine.scheduler import sampling_values
+    from jaxchat.engine.plan import sampling_values
     from jaxchat.engine.step import RowInput, StepRunner, make_mesh, pack_sample, pack_step
     from jaxchat.engine.types import GenerationRequest
 

@@ -41,7 +41,7 @@ def random_moe(num_experts: int, args):
 
 def step_times(runner, batch: int, steps: int, warmup: int = 3) -> float:
     """Median seconds of one decode step at `batch` rows."""
-    from jaxchat.engine.scheduler import sampling_values
+    from jaxchat.engine.plan import sampling_values
     from jaxchat.engine.step import RowInput
     from jaxchat.engine.types import GenerationRequest
 

@@ -90,8 +90,8 @@ def greedy_outputs(model, prompts: list[list[int]], new_tokens: int) -> list[lis
         for i, p in enumerate(prompts):
             engine.scheduler.submit(GenerationRequest(list(p), SamplingParams(max_tokens=new_tokens, ignore_eos=True),
                                                       None, f"q{i}"), lambda o, got=outs[i]: got.extend(o.token_ids))
-        while engine.scheduler.has_work():
-            engine.scheduler.step()
+        while engine.core.has_work():
+            engine.core.step()
         return outs
     finally:
         engine.shutdown()

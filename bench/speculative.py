@@ -187,7 +187,7 @@ def main() -> None:
     k = args.draft_tokens or DRAFT_TOKENS
     service = build_chat_service(args.model, max_batch=max(batches), max_context=args.max_context,
                                  speculative="ngram", draft_tokens=k, executable_cache=cache / "executables")
-    counter = Counter(service.engine.scheduler.runner)
+    counter = Counter(service.engine.core.runner)
     makers = {"copy": copy_requests, "free": free_requests}
     results, lines = {}, []
     try:

@@ -50,14 +50,14 @@ Contract:
   sampled token at every position) under the grammar's mask at
   every position; greedy outputs are unchanged, sampled ones keep the model's distribution.
 - `overlap=True`: the host takes a step's tokens and fills the next masks while the next step's forward runs
-  (`scheduler`); False runs launch, sample and token handling in turn (the same greedy outputs).
+  (`core`); False runs launch, sample and token handling in turn (the same greedy outputs).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in the row's
   next step beside the other rows (`tokens`). `executable_cache=DIR` keeps the step programs serialized there
   (`executables`), so the next engine on the same model and shapes loads them instead of compiling.
 - Multi-host: `engine.relay_steps(link)` (before `start()`) makes process 0's engine send every step call to
   the follower processes first (`step_link.BroadcastRunner`); the followers build the same engine with
   `start=False` and replay them (`step_link.follow(engine.runner, ...)`). When a follower is lost the loop
-  stops stepping; the requests it held fail after `CLUSTER_LOST_HOLD_S` (the server has answered them 503 by
+  stops stepping; the requests it held fail after `core.CLUSTER_LOST_HOLD_S` (the server has answered them 503 by
   then, see `jaxchat serve`). A multi-process engine keeps no serialized executables.
 - Lifecycle: `shutdown()` (also `close()`, leaving a `with` block, dropping the last reference to the
   engine, and the interpreter's exit: a finaliser) stops the thread and releases the device state and compiled
@@ -90,20 +90,21 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxchat.engine import pool_plan, pool_size, slice_plan
-from jaxchat.engine.arrivals import Arrival, Arrivals
+from jaxchat.engine.arrivals import Arrival
 from jaxchat.engine.attention_xla import XlaAttention
 from jaxchat.engine.chips import chip_of_device
 from jaxchat.engine.compiles import Tally
+from jaxchat.engine.core import EngineCore
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
+from jaxchat.engine.plan import SchedulerShape
 from jaxchat.engine.program_set import check_program_set
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets, samples_of
-from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, LeaderLink
+from jaxchat.engine.step_link import BroadcastRunner, LeaderLink
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
-CLUSTER_LOST_HOLD_S = 2.0
 
 # an idle engine woken by a request waits while more arrive, each within this gap, for at most the window
 BURST_GAP_S = 0.003
@@ -221,7 +222,6 @@ def background_order(keys: Sequence[tuple]) -> list[tuple]:
 
 BACKGROUND_NICE = 19  # the background compiles' thread (and the compiler threads it starts) yield to serving
 BACKGROUND_YIELD_S = 5.0  # the longest a background compile waits for the engine to be idle
-BACKGROUND_JOIN_S = 300.0  # shutting down waits this long at most for the compile in hand
 
 
 def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, seconds: dict,
@@ -260,83 +260,6 @@ def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, 
              time.perf_counter() - t0, runner.programs_ready(), len(runner.program_keys()))
 
 
-class _Core:
-    """What the engine thread needs (no reference back to the `Engine`, so dropping the engine finalises it)."""
-
-    def __init__(self, scheduler: Scheduler, mailbox: Mailbox, burst_gap_s: float, burst_window_s: float) -> None:
-        self.scheduler, self.mailbox = scheduler, mailbox
-        self.burst_gap_s, self.burst_window_s = burst_gap_s, burst_window_s
-        self.cv = threading.Condition()
-        self.arrivals = Arrivals(self.wake)
-        self.stopped = False
-        self.thread: threading.Thread | None = None
-        self.background: threading.Thread | None = None  # the background compiles, if any
-
-    def wake(self) -> None:
-        with self.cv:
-            self.cv.notify_all()
-
-    def gathers_bursts(self) -> bool:
-        return self.burst_gap_s > 0 and self.scheduler.runner.ragged_rows[-1] > 1
-
-    def loop(self) -> None:
-        sched = self.scheduler
-        while True:
-            with self.cv:
-                idle = not sched.has_work()
-                while not self.stopped and not sched.has_work():
-                    self.cv.wait(timeout=0.5)
-                if idle and self.gathers_bursts():
-                    self.gather_burst()
-                if self.stopped:
-                    break
-            try:
-                sched.step()
-            except ClusterLost as e:  # no step can run again; the server answers the open requests
-                log.error("engine stopped: %s", e)
-                time.sleep(CLUSTER_LOST_HOLD_S)
-                sched.fail_all(f"a process of the cluster is gone: {e}")
-                self.mailbox.flush()
-                with self.cv:
-                    self.stopped = True
-                break
-            except Exception as e:  # a device step failed: fail the affected requests, keep serving
-                log.exception("engine step failed")
-                sched.fail_all(f"engine step failed: {type(e).__name__}: {e}")
-            self.mailbox.flush()
-        sched.fail_all("engine shut down")
-        self.mailbox.flush()
-
-    def gather_burst(self) -> None:
-        """Woken from idle by an arrival: wait while more keep arriving (each within `burst_gap_s` of the
-        last, for at most `burst_window_s` in all), so a burst is admitted in one step. Holds `cv`."""
-        deadline = time.monotonic() + self.burst_window_s
-        seen = self.scheduler.inbox_size()
-        while not self.stopped and (left := deadline - time.monotonic()) > 0:
-            self.cv.wait(timeout=min(self.burst_gap_s, left))
-            now = self.scheduler.inbox_size()
-            if now == seen and not self.arrivals.pending(self.burst_window_s):
-                return
-            seen = now
-
-    def shutdown(self) -> None:
-        """Stop the thread, then release the device state and programs (idempotent)."""
-        with self.cv:
-            self.stopped = True
-            self.cv.notify_all()
-        thread = self.thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=30)
-            if not thread.is_alive():
-                self.thread = None
-        if self.thread is None:
-            runner = self.scheduler.runner
-            getattr(runner, "release", lambda: None)()
-            background = self.background  # it stops after the compile in hand (it sees the runner released)
-            if background is not None and background is not threading.current_thread():
-                background.join(timeout=BACKGROUND_JOIN_S)  # no compile left running while the process exits
-
-
 class Engine:
     def __init__(
         self,
@@ -372,7 +295,6 @@ class Engine:
         # only: the processes of a cluster must run the same program at each step, so there it is "all")
         check_program_set(programs)
         self.programs = "all" if programs == "background" and jax.process_count() > 1 else programs
-        self._background: threading.Thread | None = None
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
@@ -421,18 +343,19 @@ class Engine:
         per_token = pool_size.kv_bytes_per_token(model)
         log.info("KV pool: %d pages of %d tokens (%d tokens, %.2f GiB)", pages - 1, page, (pages - 1) * page,
                  pages * page * per_token / (1 << 30))
-        self.scheduler = Scheduler(self.runner, self.tokenizer, self.eos_token_ids, jump_forward=jump_forward,
-                                   prefix_cache=prefix_cache, salt=hashlib.sha256(identity.encode()).digest(),
-                                   overlap=overlap,
-                                   draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0,
-                                   compiles=self.compiles)
+        self.scheduler = Scheduler(SchedulerShape.of(self.runner), self.tokenizer, self.eos_token_ids,
+                                   jump_forward=jump_forward, prefix_cache=prefix_cache,
+                                   salt=hashlib.sha256(identity.encode()).digest(),
+                                   draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0)
+        self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
+        self.request_path = Tally()  # the steps' compiles alone: a step that waited on a compile (stays 0 once warm)
+        self.core = EngineCore(self.scheduler, self.runner, self._mailbox, overlap=overlap,
+                               tallies=(self.compiles, self.request_path), burst_gap_s=burst_gap_s,
+                               burst_window_s=burst_window_s)
+        self.arrivals = self.core.arrivals  # requests the server is still reading (`expect_request`)
+        self._finalizer = weakref.finalize(self, EngineCore.shutdown, self.core)
         if warmup:
             self.warm_up()
-        self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
-        self._core = _Core(self.scheduler, self._mailbox, burst_gap_s, burst_window_s)
-        self._core.background = self._background
-        self.arrivals = self._core.arrivals  # requests the server is still reading (`expect_request`)
-        self._finalizer = weakref.finalize(self, _Core.shutdown, self._core)
         if start:
             self.start()
 
@@ -473,11 +396,11 @@ class Engine:
 
     @property
     def burst_gap_s(self) -> float:
-        return self._core.burst_gap_s
+        return self.core.burst_gap_s
 
     @property
     def burst_window_s(self) -> float:
-        return self._core.burst_window_s
+        return self.core.burst_window_s
 
     def warm_up(self) -> None:
         """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
@@ -495,7 +418,7 @@ class Engine:
 
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
         store, runner = self.runner.executables, self.runner
-        first_set = self.programs != "all" and self._background is None and not runner.selective
+        first_set = self.programs != "all" and self.core.background is None and not runner.selective
         background = first_set and self.programs == "background"
         keys = runner.first_keys() if first_set else runner.program_keys()
         last = [t0]
@@ -520,17 +443,15 @@ class Engine:
         if background and len(keys) < total:
             first = set(keys)
             rest = [k for k in background_order(runner.program_keys()) if k not in first]
-            self._background = threading.Thread(target=_compile_in_background,
-                                                args=(runner, rest, self.compiles, self.warmup_seconds,
-                                                      self.scheduler.has_work),
-                                                name="jaxchat-compile", daemon=True)
-            self._background.start()
-            if hasattr(self, "_core"):
-                self._core.background = self._background
+            self.core.background = threading.Thread(target=_compile_in_background,
+                                                    args=(runner, rest, self.compiles, self.warmup_seconds,
+                                                          self.core.has_work),
+                                                    name="jaxchat-compile", daemon=True)
+            self.core.background.start()
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Wait until the background compiles (if any) are done; whether they are."""
-        thread = self._background
+        thread = self.core.background
         if thread is not None:
             thread.join(timeout)
             return not thread.is_alive()
@@ -552,17 +473,14 @@ class Engine:
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
-        core = self._core
-        if core.thread is None and not core.stopped:
-            core.thread = threading.Thread(target=core.loop, name="jaxchat-engine", daemon=True)
-            core.thread.start()
+        self.core.start_thread()
 
     def relay_steps(self, link: LeaderLink) -> None:
         """Send every step call to the followers on `link` before running it (process 0 of a cluster)."""
-        if self._core.thread is not None:
+        if self.core.thread is not None:
             raise RuntimeError("relay_steps must come before start()")
         self.runner = BroadcastRunner(self.runner, link)
-        self.scheduler.runner = self.runner
+        self.core.runner = self.runner
 
     def shutdown(self) -> None:
         """Stop the engine thread and release the device state and compiled programs (idempotent)."""
@@ -572,7 +490,7 @@ class Engine:
 
     @property
     def stopped(self) -> bool:
-        return self._core.stopped
+        return self.core.stopped
 
     def __enter__(self) -> Engine:  # noqa: PYI034
         return self
@@ -584,23 +502,23 @@ class Engine:
         """A request is on its way (the server is reading it): until it is submitted from this context (or the
         returned `Arrival` is closed), an idle engine gathering a burst waits for it (`arrivals`). None when
         this engine gathers no bursts."""
-        return self.arrivals.expect() if self._core.gathers_bursts() else None
+        return self.arrivals.expect() if self.core.gathers_bursts() else None
 
     # ---- requests -------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, callback: Callable[[GenerationOutput], None]) -> str:
         """Queue `request`; `callback` receives each delta on the engine thread. Returns the request id."""
         if not request.request_id:
             request = dataclasses.replace(request, request_id=uuid.uuid4().hex)
-        if self._core.stopped:
+        if self.core.stopped:
             raise RuntimeError("engine is shut down")
         self.scheduler.submit(request, callback)
         self.arrivals.submitted()
-        self._core.wake()
+        self.core.wake()
         return request.request_id
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
-        self._core.wake()
+        self.core.wake()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         loop = asyncio.get_running_loop()
@@ -652,8 +570,8 @@ class Engine:
             "kv_pages_total": s.pool.capacity,
             "kv_page_size": s.pool.page_size,
             "compile_count": total,
-            "compiles_after_warmup": s.request_path.compiles,
-            "compiles_on_request_path": s.request_path.compiles,
+            "compiles_after_warmup": self.request_path.compiles,
+            "compiles_on_request_path": self.request_path.compiles,
             "programs_ready": self.runner.programs_ready(),
             "programs_total": len(self.runner.program_keys()),
             "compile_cache_hits": self.compiles.cache_hits,

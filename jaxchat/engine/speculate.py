@@ -33,8 +33,8 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from jaxchat.engine.drafts import DraftLength, NgramIndex
+from jaxchat.engine.plan import RowInput
 from jaxchat.engine.sequence import Sequence
-from jaxchat.engine.step import RowInput
 
 log = logging.getLogger(__name__)
 

@@ -69,6 +69,7 @@ from jax.sharding import PartitionSpec as P
 from jaxchat.bitmask import mask_words
 from jaxchat.engine.compile_level import step_compiler_options
 from jaxchat.engine.executables import ExecutableStore
+from jaxchat.engine.plan import RowInput, positions_of
 from jaxchat.engine.sampler import SampleOut, SamplingArrays, sample
 from jaxchat.engine.types import LOGIT_BIAS_SLOTS
 from jaxchat.models.base import StepModel
@@ -83,24 +84,6 @@ class DeviceState(NamedTuple):
     counts: jax.Array  # i32[slots, V]
     prompt_mask: jax.Array  # bool[slots, V]
     last_tokens: jax.Array  # i32[slots]: the token each slot sampled last (what a `feed` row runs)
-
-
-class RowInput(NamedTuple):
-    """One row of a step (see the module docstring)."""
-
-    slot: int
-    tokens: Sequence[int]
-    start: int  # the position of tokens[0]
-    pages: Sequence[int]  # the row's page table, covering positions < start + len(tokens)
-    fresh: bool  # the row's counts and prompt mask restart (its first tokens in this slot)
-    prompt_len: int  # tokens at positions < prompt_len are prompt tokens (the prompt mask)
-    count_from: int  # tokens at positions >= count_from are outputs (counted for the penalties)
-    samples: bool  # the token sampled after its last token is the row's next one (counted)
-    mask: np.ndarray | None  # int32[W], the bitmask of its next token (None: every token allowed)
-    sampling: tuple  # one value per `SamplingArrays` field
-    feed: bool = False  # tokens[0] is the token last sampled in its slot (still on the device); its value ignored
-    drafts: int = 0  # its last `drafts` tokens are drafts: it samples at every token (mask [drafts + 1, W])
-    bias: tuple = ()  # its logit bias, (token id, value) pairs (`SamplingParams.logit_bias`)
 
 
 class StepArgs(NamedTuple):
@@ -495,17 +478,6 @@ class StepRunner:
             index = np.arange(t, dtype=np.int32)
         return StepArgs(tokens, step, index, fresh, prompt_len, count_from, feed)
 
-    @staticmethod
-    def positions_of(key: tuple, rows: Sequence[RowInput]) -> list[range]:
-        """Which sampled positions belong to each row: its own index, or, in a verify step, one per token."""
-        if key[0] != "verify":
-            return [range(i, i + 1) for i in range(len(rows))]
-        out, at = [], 0
-        for row in rows:
-            out.append(range(at, at + len(row.tokens)))
-            at += len(row.tokens)
-        return out
-
     def pack_sample(self, key: tuple, rows: Sequence[RowInput]) -> SampleArgs:
         n = samples_of(key)
         slots, samples = np.full(n, self.max_batch, np.int32), np.zeros(n, np.bool_)
@@ -514,7 +486,7 @@ class StepRunner:
         masked = any(row.mask is not None for row in rows)
         bitmask = np.full((n, self.mask_words), -1, np.int32) if masked else None
         sp = SamplingArrays.numpy(n)
-        for row, where in zip(rows, self.positions_of(key, rows), strict=True):
+        for row, where in zip(rows, positions_of(key, rows), strict=True):
             own = where[-(row.drafts + 1):]  # the positions it samples at: its last, or one per draft and after
             for j, i in enumerate(own):
                 slots[i] = row.slot

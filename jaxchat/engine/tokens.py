@@ -1,7 +1,7 @@
 """Token handling after a step, on the host: grammar accept, stop checks, detokenising, jump-forward, emitting.
 
 Contract (`TokenHandler(tokenizer, max_context, max_jump=MAX_JUMP, jump_forward=True)`, one per scheduler):
-- `take(seq, out, i)`: row i of a step's `SampleOut` is the request's next token: it goes through the
+- `take(seq, out, i)`: row i of a step's `sampler.SampleOut` is the request's next token: it goes through the
   constraint (`accept`), the stop ids, the detokeniser and stop strings, `is_terminated()`, `max_tokens` and
   the context; it is emitted as a `GenerationOutput` delta (with its logprobs when asked), or the request is
   finished. Otherwise the next mask is filled and the request's next step is set up: `pending` = [token,
@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from jaxchat.engine.jump_forward import forced_token_ids
-from jaxchat.engine.sampler import SampleOut
+from jaxchat.engine.plan import sampling_values
 from jaxchat.engine.sequence import Sequence
+from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
 from jaxchat.engine.types import GenerationOutput, TokenLogprob
 
 MAX_JUMP = 64  # forced tokens taken at once (more come after the next sampled token)
@@ -42,11 +43,11 @@ class TokenHandler:
         self.forced_tokens = 0
 
     # ---- sampled tokens --------------------------------------------------------------------------------
-    def take(self, seq: Sequence, out: SampleOut, i: int) -> None:
+    def take(self, seq: Sequence, out: Any, i: int) -> None:
         """Row i of `out` is the request's next token (`take_all` of one)."""
         self.take_all([(seq, out, [i])])
 
-    def take_all(self, rows: list[tuple[Sequence, SampleOut, list[int]]]) -> None:
+    def take_all(self, rows: list[tuple[Sequence, Any, list[int]]]) -> None:
         """Each (request, out, indices): rows `indices` of `out` are the request's next tokens, in order (several
         after a verified draft). Every token is accepted and checked first (a token that ends the request drops
         those after it), then the next masks of all the requests that go on are filled in one batch
@@ -71,7 +72,7 @@ class TokenHandler:
             if not forced and not seq.finished:
                 self.pin(seq, tok, plan=not was_planned)  # after a planned run the model samples the next token
 
-    def _take_token(self, seq: Sequence, out: SampleOut, i: int) -> tuple[Sequence, int, bool] | None:
+    def _take_token(self, seq: Sequence, out: Any, i: int) -> tuple[Sequence, int, bool] | None:
         """Accept, check and emit one sampled token (the mask not filled yet); None when it ended the request."""
         tok = int(out.tokens[i])
         s = seq.req.sampling
@@ -97,6 +98,28 @@ class TokenHandler:
                                   num_prompt_tokens=len(seq.prompt), num_generated_tokens=seq.generated,
                                   num_cached_tokens=seq.cached))
         return seq, tok, was_planned
+
+    def open(self, seq: Sequence) -> bool:
+        """A request's first admission: check its prompt, make its detokeniser and stop matcher, its sampling values
+        and its first mask. False (the request finished with an error) when it cannot run."""
+        req = seq.req
+        try:
+            n = len(req.prompt_ids)
+            if n == 0:
+                raise ValueError("prompt_ids is empty")
+            if n >= self.max_context:
+                raise ValueError(f"prompt_ids: {n} tokens leave no room in the context of {self.max_context}")
+            if self.tokenizer is not None:  # without a tokenizer (random-weight benchmarks) there is no text
+                seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_ids)
+            seq.stops = StopStringMatcher(req.sampling.stop)
+            seq.sampling = sampling_values(req)
+            if req.constraint is not None:
+                req.constraint.fill_mask(seq.mask)
+        except Exception as e:  # noqa: BLE001 - reported on the request, others continue
+            self.finish(seq, "error", error=f"{type(e).__name__}: {e}")
+            return False
+        seq.started = True
+        return True
 
     def start(self, seq: Sequence, recompute: bool) -> None:
         """Set up an admitted request's first step: its pending tokens from `computed` on (and, for a new

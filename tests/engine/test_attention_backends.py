@@ -41,8 +41,8 @@ def generate(engine: Engine) -> list[list[int]]:
         got[i] = []
         sched.submit(GenerationRequest(prompt, SamplingParams(max_tokens=5, ignore_eos=True), request_id=str(i)),
                      got[i].append)
-    while sched.has_work():
-        sched.step()
+    while engine.core.has_work():
+        engine.core.step()
     return [[t for out in got[i] for t in out.token_ids] for i in range(len(PROMPTS))]
 
 

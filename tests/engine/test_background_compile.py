@@ -102,7 +102,7 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         runner = engine.runner
         first = runner.first_keys()
         assert first == [("ragged", 64, 4), ("decode", 4), ("sample", 4)]
-        assert engine._background is not None and engine._background.is_alive()
+        assert engine.core.background is not None and engine.core.background.is_alive()
         stats = engine.stats()
         assert (stats["programs_ready"], stats["programs_total"]) == (3, len(runner.program_keys()))
         keys = launched_keys(engine)
@@ -138,8 +138,8 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
     def generate(engine):
         out: list[int] = []
         engine.scheduler.submit(req, lambda o: out.extend(o.token_ids))
-        while engine.scheduler.has_work():
-            engine.scheduler.step()
+        while engine.core.has_work():
+            engine.core.step()
         return out
 
     with Engine(FakeModel(TOK, eos=(EOS,)), start=False, **SHAPES) as full:
@@ -148,7 +148,7 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         assert ("ragged", 256, 4) in keys and ("decode", 1) in keys
     with Engine(FakeModel(TOK, eos=(EOS,)), start=False, programs="first", **SHAPES) as engine:
         runner = engine.runner
-        assert runner.selective and engine._background is None
+        assert runner.selective and engine.core.background is None
         stats = engine.stats()
         assert stats["programs_ready"] == len(runner.first_keys()) == 3 < stats["programs_total"]
         assert runner.max_step_tokens == 64 and runner.max_step_rows == 4 and runner.max_verify_tokens == 0
@@ -156,7 +156,7 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         chunked = generate(engine)
         assert chunked == whole
         assert keys == [("ragged", 64, 4)] * -(-len(prompt) // 64) + [("decode", 4)] * 7
-        assert engine.scheduler.request_path.compiles == 0
+        assert engine.request_path.compiles == 0
         assert engine.stats()["programs_ready"] == 3  # still the first set: nothing compiled behind the steps
 
 
@@ -172,7 +172,7 @@ def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatc
 
     monkeypatch.setattr(engine_module, "_compile_in_background", held)
     engine = Engine(FakeModel(TOK, eos=(EOS,)), programs="background", **SHAPES)
-    background = engine._background
+    background = engine.core.background
     threading.Timer(1.0, gate.set).start()  # the background starts while the engine shuts down
     engine.shutdown()
     assert not background.is_alive()  # shutdown waited for it

@@ -29,14 +29,14 @@ def run_sync(engine, plan):
     outs: dict[str, list] = {}
     sched = engine.scheduler
     step = 0
-    while step in plan or sched.has_work() or any(k > step for k in plan):
+    while step in plan or engine.core.has_work() or any(k > step for k in plan):
         for action, arg in plan.get(step, []):
             if action == "submit":
                 outs[arg.request_id] = []
                 sched.submit(arg, outs[arg.request_id].append)
             else:
                 sched.abort(arg)
-        sched.step()
+        engine.core.step()
         step += 1
     assert not sched.running
     return outs
@@ -139,11 +139,11 @@ def test_abort_frees_the_slot(engine):
     sched = engine.scheduler
     got = []
     sched.submit(req("long", max_tokens=1000), got.append)
-    sched.step()
-    sched.step()
+    engine.core.step()
+    engine.core.step()
     assert len(sched.running) == 1 and engine.stats()["free_slots"] == 3
     sched.abort("long")
-    sched.step()
+    engine.core.step()
     assert not sched.running and got[-1].finish_reason == "abort"
     assert engine.stats()["running"] == 0
 

@@ -127,9 +127,9 @@ def run(engine, requests, constraint=ForcingConstraint):
     got = {i: [] for i in range(len(requests))}
     for i, (prompt, sampling, *spec) in enumerate(requests):
         sched.submit(GenerationRequest(TOK.encode(prompt), sampling, constraint(*spec), str(i)), got[i].append)
-        sched.step()
-    while sched.has_work():
-        sched.step()
+        engine.core.step()
+    while engine.core.has_work():
+        engine.core.step()
     out = {}
     for i, outs in got.items():
         assert outs[-1].finished and outs[-1].finish_reason in ("length", "stop"), outs[-1]

@@ -45,11 +45,11 @@ SCRIPT = textwrap.dedent("""
         else:
             with engine:
                 pass
-        thread = engine._core.thread
+        thread = engine.core.thread
         state = engine.runner.state
         if i == 3:  # no explicit close at all: the finaliser runs when the last reference goes
             engine = Engine(model, max_batch=2, max_context=64, step_token_buckets=(16,), page_size=4)
-            core = engine._core
+            core = engine.core
             del engine
             gc.collect()
             assert core.stopped and core.thread is None, "dropping the engine did not stop it"

@@ -29,7 +29,7 @@ def engines():
     shapes = {"max_batch": 4, "max_context": 96, "max_step_tokens": 64, "start": False, "prefix_cache": True}
     overlapped = Engine(FakeModel(TOK, eos=(EOS,)), **shapes)
     in_turn = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, overlap=False)
-    assert overlapped.scheduler.overlap and not in_turn.scheduler.overlap
+    assert overlapped.core.overlap and not in_turn.core.overlap
     yield overlapped, in_turn
     overlapped.shutdown()
     in_turn.shutdown()
@@ -49,13 +49,13 @@ def run(engine, requests):
     got = {i: [] for i in range(len(requests))}
     arrivals = sorted(range(len(requests)), key=lambda i: requests[i][0])
     step = 0
-    while arrivals or sched.has_work():
+    while arrivals or engine.core.has_work():
         while arrivals and requests[arrivals[0]][0] <= step:
             i = arrivals.pop(0)
             _, prompt, sampling, kind, spec = requests[i]
             sched.submit(GenerationRequest(TOK.encode(prompt), sampling, constraint_of(kind, spec), str(i)),
                          got[i].append)
-        sched.step()
+        engine.core.step()
         step += 1
     out = {}
     for i, outs in got.items():
@@ -146,9 +146,9 @@ def test_sixteen_rows_jumping_forward_run_one_forward_program_a_step():
             sched.submit(GenerationRequest(TOK.encode("hello there"), SamplingParams(max_tokens=24),
                                            ForcingConstraint(spans, 24), str(i)), got[i].append)
         steps = 0
-        while sched.has_work():
+        while engine.core.has_work():
             before = len(forwards)
-            sched.step()
+            engine.core.step()
             assert len(forwards) - before <= 1
             steps += 1
         assert sched.forced_tokens >= 16 * 12 and len(forwards) <= steps
@@ -174,9 +174,9 @@ def step_periods(engine, constraint, steps: int) -> list[float]:
     sched.submit(GenerationRequest(TOK.encode("hello there"), SamplingParams(max_tokens=steps, ignore_eos=True),
                                    constraint, "slow"), lambda out: done.append(out) if out.finished else None)
     periods = []
-    while sched.has_work():
+    while engine.core.has_work():
         t0 = time.perf_counter()
-        sched.step()
+        engine.core.step()
         periods.append(time.perf_counter() - t0)
     assert done and done[0].finish_reason == "length"
     return periods
@@ -191,6 +191,6 @@ def test_the_overlapped_loop_hides_the_mask_fill_behind_the_forward(engines):
     for engine in engines:
         with DeviceClock(engine.runner, 1000 * device):
             periods = step_periods(engine, SlowFill(range(97, 123), fill), steps=12)
-        medians[engine.scheduler.overlap] = statistics.median(periods[3:-2])
+        medians[engine.core.overlap] = statistics.median(periods[3:-2])
     assert medians[False] > device + 0.8 * fill, medians
     assert medians[True] < device + 0.4 * fill, medians

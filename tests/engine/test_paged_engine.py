@@ -54,13 +54,13 @@ def run(engine, requests, on_step=None):
     outs: dict[int, list] = {}
     pending = sorted(enumerate(requests), key=lambda r: r[1][2])
     step = 0
-    while pending or sched.has_work():
+    while pending or engine.core.has_work():
         while pending and pending[0][1][2] <= step:
             i, (prompt, max_tokens, _, penalty) = pending.pop(0)
             outs[i] = []
             sched.submit(GenerationRequest(list(prompt), sampling(max_tokens, penalty), request_id=f"r{i}"),
                          outs[i].append)
-        sched.step()
+        engine.core.step()
         if on_step is not None:
             on_step(sched)
         step += 1
@@ -90,16 +90,16 @@ def test_two_conversations_hold_one_copy_of_their_system_prompt(engines):
     a, b = [*SYSTEM, 1, 2, 3], [*SYSTEM, 9, 8]
     got = {"a": [], "b": []}
     sched.submit(GenerationRequest(a, sampling(8), request_id="a"), got["a"].append)
-    sched.step()  # a's prompt runs: its full pages are keyed
+    engine.core.step()  # a's prompt runs: its full pages are keyed
     sched.submit(GenerationRequest(b, sampling(8), request_id="b"), got["b"].append)
-    sched.step()
+    engine.core.step()
     seq_a, seq_b = (next(s for s in sched.running if s.req.request_id == rid) for rid in ("a", "b"))
     shared = len(SYSTEM) // PAGE
     assert seq_a.pages[:shared] == seq_b.pages[:shared]  # the same physical pages
     assert all(sched.pool.refs[p] == 2 for p in seq_a.pages[:shared])
     assert sched.pool.used() == len(seq_a.pages) + len(seq_b.pages) - shared
-    while sched.has_work():
-        sched.step()
+    while engine.core.has_work():
+        engine.core.step()
     assert got["b"][-1].num_cached_tokens == shared * PAGE and got["a"][-1].num_cached_tokens == 0
     want = run_alone(reference, [(a, 8, 0, 0.0), (b, 8, 0, 0.0)])
     assert [t for o in got["a"] for t in o.token_ids] == want[0][0]

@@ -88,8 +88,8 @@ def test_kv_cache_gib_is_per_device_and_greedy_tokens_equal_the_cpu_sized_pool(m
         out: list = []
         engine.scheduler.submit(GenerationRequest(list(b"the plan"), SamplingParams(max_tokens=12, ignore_eos=True),
                                                   None, "r"), out.append)
-        while engine.scheduler.has_work():
-            engine.scheduler.step()
+        while engine.core.has_work():
+            engine.core.step()
         engine.shutdown()
         return [t for o in out for t in o.token_ids]
 

@@ -51,9 +51,9 @@ def run_rounds(engine, rounds, user_turns, max_tokens, stop_ids=()):
             s = SamplingParams(max_tokens=max_tokens[c], ignore_eos=True, repetition_penalty=1.3 if c % 2 else 1.0,
                                stop_token_ids=stop_ids)
             sched.submit(GenerationRequest(list(history[c]), s, None, f"{c}.{taken[c]}"), got[c].append)
-            sched.step()
-        while sched.has_work():
-            sched.step()
+            engine.core.step()
+        while engine.core.has_work():
+            engine.core.step()
         for c in members:
             reply = [t for o in got[c] for t in o.token_ids]
             assert got[c][-1].finish_reason in ("length", "stop")

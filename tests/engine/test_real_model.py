@@ -36,14 +36,14 @@ def run_plan(engine, plan):
     """Drive the scheduler by hand; plan = {step: [("submit", req) | ("abort", id)]}; returns {id: token ids}."""
     got: dict[str, list] = {}
     step, sched = 0, engine.scheduler
-    while sched.has_work() or any(k >= step for k in plan):
+    while engine.core.has_work() or any(k >= step for k in plan):
         for action, arg in plan.get(step, []):
             if action == "submit":
                 got[arg.request_id] = []
                 sched.submit(arg, got[arg.request_id].append)
             else:
                 sched.abort(arg)
-        sched.step()
+        engine.core.step()
         step += 1
     return {k: [t for o in v for t in o.token_ids] for k, v in got.items()}
 

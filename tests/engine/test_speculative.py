@@ -93,8 +93,8 @@ def run(engine, grammar, requests):
     for i, (prompt, sampling, kind) in enumerate(requests):
         sched.submit(GenerationRequest(TOK.encode(prompt), sampling, constraint(grammar, kind), str(i)),
                      got[i].append)
-    while sched.has_work():
-        sched.step()
+    while engine.core.has_work():
+        engine.core.step()
     return {i: ([t for o in outs for t in o.token_ids], "".join(o.text for o in outs), outs[-1].finish_reason)
             for i, outs in got.items()}
 
@@ -246,7 +246,7 @@ def test_a_row_whose_drafts_keep_failing_pauses_then_drafts_again(engines, monke
         return original(self, seq, row, tokens)
 
     monkeypatch.setattr(Speculator, "verified", counting)
-    monkeypatch.setattr(on.scheduler, "overlap", overlap)
+    monkeypatch.setattr(on.core, "overlap", overlap)
     assert run(on, grammar, [(prompt, sampling, "none")])[0][0] == written
     assert len(verifications) > STOP_AFTER, verifications  # it drafted again after the pause
     assert verifications[STOP_AFTER] - verifications[STOP_AFTER - 1] >= FIRST_PAUSE  # after a pause

@@ -245,7 +245,7 @@ def _arm_parser_bomb(monkeypatch) -> None:
 
 def _arm_detok_bomb(monkeypatch, message: str = "injected detokenizer failure") -> None:
     """The engine's detokeniser raises on the 3rd token of requests whose prompt says DETOKBOMB."""
-    import jaxchat.engine.scheduler as sched_mod
+    import jaxchat.engine.tokens as sched_mod
 
     class BombDetok(sched_mod.IncrementalDetokenizer):
         def __init__(self, tokenizer, prompt_ids=()):
