@@ -180,7 +180,7 @@ def main() -> None:
 
     from jaxchat.api import build_chat_service
     from jaxchat.engine.compile_cache import enable_compile_cache
-    from jaxchat.engine.engine import DRAFT_TOKENS
+    from jaxchat.engine.config import DRAFT_TOKENS
 
     batches = [int(b) for b in args.batches.split(",")]
     cache = enable_compile_cache()

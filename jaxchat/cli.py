@@ -34,14 +34,15 @@ import logging
 import os
 import sys
 
+from jaxchat.engine.config import MAX_BATCH, MAX_CONTEXT
 from jaxchat.engine.program_set import PROGRAM_SETS
 from jaxchat.models.load import DTYPES, QUANTIZE
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF directory, .gguf file or orbax checkpoint (default: Qwen2.5-Coder-0.5B-Instruct)")
-    p.add_argument("--max-batch", type=int, default=8, help="requests that run at once (slots)")
-    p.add_argument("--max-context", type=int, default=4096,
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH, help="requests that run at once (slots)")
+    p.add_argument("--max-context", type=int, default=MAX_CONTEXT,
                    help="the most tokens one request may hold (prompt + completion); not a reservation")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weights and activations; auto: bfloat16 on TPU and GPU, float32 on CPU")
@@ -135,8 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     lower.add_argument("--platform", choices=("tpu", "cuda"), default="tpu",
                        help="lower for Cloud TPU (default) or for NVIDIA GPUs (the jnp attention path)")
     lower.add_argument("--devices", type=int, required=True, help="chips of the slice")
-    lower.add_argument("--max-batch", type=int, default=8)
-    lower.add_argument("--max-context", type=int, default=4096)
+    lower.add_argument("--max-batch", type=int, default=MAX_BATCH)
+    lower.add_argument("--max-context", type=int, default=MAX_CONTEXT)
     lower.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
     lower.add_argument("--page-size", type=int, default=None, metavar="N",
                        help="tokens per KV page (default: the Pallas kernel's guidance for --max-context, 128-256)")
@@ -183,6 +184,25 @@ def _program_set(args: argparse.Namespace) -> str:
         raise SystemExit(f"jaxchat: error: {exc}") from None
 
 
+def engine_config(args: argparse.Namespace, executable_cache=None):
+    """The `EngineConfig` that `jaxchat serve`'s flags ask for (a flag left out keeps the config's default, the
+    same as `jaxchat.LLM()`'s); a setting out of range is a CLI error."""
+    from jaxchat.engine.config import BURST_GAP_S, EngineConfig
+
+    settings = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype, quantize=args.quantize,
+                    prefix_cache=not args.no_prefix_cache, jump_forward=not args.no_jump_forward,
+                    kv_cache_gib=args.kv_cache_gib, page_size=args.page_size, max_step_tokens=args.max_step_tokens,
+                    attention=args.attention, overlap=not args.no_overlap, decode_rows=args.decode_rows,
+                    programs=_program_set(args), speculative=args.speculative, executable_cache=executable_cache)
+    if args.burst_window_ms is not None:
+        settings.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
+                        else min(BURST_GAP_S, args.burst_window_ms / 1000))
+    try:
+        return EngineConfig(**settings)
+    except ValueError as exc:
+        raise SystemExit(f"jaxchat: error: {exc}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from jaxchat.engine.host_memory import keep_freed_memory, release_freed_memory
 
@@ -200,7 +220,6 @@ def _serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"jaxchat: error: {exc}") from None
     from jaxchat.engine.compile_cache import disable_compile_cache, enable_compile_cache
-    from jaxchat.engine.engine import BURST_GAP_S
 
     executables = None
     if args.no_compile_cache:
@@ -211,23 +230,14 @@ def _serve(args: argparse.Namespace) -> int:
         cache = enable_compile_cache(args.compile_cache)
         executables = default_executable_cache(cache)
         logging.getLogger("jaxchat").info("Compilation cache: %s", cache)
-    engine_args = dict(max_batch=args.max_batch, max_context=args.max_context, dtype=args.dtype,
-                       quantize=args.quantize, prefix_cache=not args.no_prefix_cache,
-                       jump_forward=not args.no_jump_forward, kv_cache_gib=args.kv_cache_gib,
-                       page_size=args.page_size, max_step_tokens=args.max_step_tokens, attention=args.attention,
-                       overlap=not args.no_overlap, decode_rows=args.decode_rows,
-                       programs=_program_set(args))
-    engine_args["speculative"] = args.speculative
-    if args.burst_window_ms is not None:
-        engine_args.update(burst_window_s=args.burst_window_ms / 1000, burst_gap_s=0.0 if args.burst_window_ms == 0
-                           else min(BURST_GAP_S, args.burst_window_ms / 1000))
+    config = engine_config(args, executables)
     if rank is not None and (args.data_parallel or 1) > 1:
         raise SystemExit("jaxchat: error: --data-parallel over several processes is not supported")
     if rank is not None and rank > 0:
-        return _follow(args.model, rank, engine_args)
+        return _follow(args.model, rank, config)
     try:
-        service = build_chat_service(args.model, constrained=not args.no_constrain, executable_cache=executables,
-                                     start=rank is None, data_parallel=args.data_parallel, **engine_args)
+        service = build_chat_service(args.model, config, constrained=not args.no_constrain, start=rank is None,
+                                     data_parallel=args.data_parallel)
     except ValueError as exc:  # a setting the model cannot take (e.g. --attention pallas on a head_dim of 64)
         raise SystemExit(f"jaxchat: error: {exc}") from None
     release_freed_memory()  # the loader's conversion buffers
@@ -299,11 +309,11 @@ def _exit_lost(reason: str) -> None:
     os._exit(1)  # no atexit: jax.distributed's shutdown would wait for the process that is gone
 
 
-def _follow(model: str | None, rank: int, engine_args: dict) -> int:
+def _follow(model: str | None, rank: int, config) -> int:
     from jaxchat.engine.engine import Engine
     from jaxchat.engine.step_link import FollowerLink, follow, runner_signature
 
-    engine = Engine.from_path(model, start=False, **engine_args)
+    engine = Engine.from_path(model, config, start=False)
     link = FollowerLink.connect(rank, runner_signature(engine.runner))
     follow(engine.runner, link)
     logging.getLogger("jaxchat").info("Process 0 stopped: process %d stops too", rank)

@@ -1,7 +1,9 @@
 """`jaxchat.LLM`: the in-process API for notebooks, on the same serving pipeline as the server.
 
-Contract: `LLM(model=None, limits=Limits(), quantize=None, data_parallel=None)` loads a model (the default model when
-None; `quantize` "int8": int8 weights, W8A8) and runs its engine (`data_parallel` N: N replicas over 1/N of the
+Contract: `LLM(model=None, config=None, limits=Limits(), data_parallel=None, **settings)` loads a model (the default
+model when None) and runs its engine as `config` (`jaxchat.engine.config.EngineConfig`: by default the same
+settings `jaxchat serve` runs with) with `settings` (its fields: `max_batch`, `quantize` "int8" for int8 weights,
+`speculative`, ...) changed (`data_parallel` N: N replicas over 1/N of the
 devices each, requests spread over them; a bad N is a ValueError; None: 1 off TPU, see `jaxchat.engine.replicas`); `.chat(messages, tools=..., tool_choice=..., response_format=..., stream=False)` returns the
 same `chat.completion` dict the server returns (or, with `stream=True`, an iterator of the same chunk
 dicts); `.generate(prompt, max_tokens=..., temperature=0.0, ignore_eos=False)` returns a `Completion`
@@ -32,7 +34,6 @@ from jaxchat.api import (
     Sampling,
     build_chat_service,
     default_executable_cache,
-    default_programs,
     parse_chat_request,
     parse_completion_request,
 )
@@ -49,14 +50,12 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, model=None, *, max_batch: int = 4, max_context: int = 4096, dtype: str = "auto",
-                 quantize: str | None = None, limits: Limits | None = None, data_parallel: int | None = None,
-                 **kwargs) -> None:
+    def __init__(self, model=None, config=None, *, limits: Limits | None = None, data_parallel: int | None = None,
+                 **settings) -> None:
         # the step programs go to (and come from) the executable store `jaxchat serve` uses, unless told otherwise
-        kwargs.setdefault("executable_cache", default_executable_cache())
-        kwargs.setdefault("programs", default_programs())  # the first answer as soon as `jaxchat serve` gives it
-        self._start(build_chat_service(model, max_batch=max_batch, max_context=max_context, dtype=dtype,
-                                       quantize=quantize, data_parallel=data_parallel, **kwargs), limits)
+        if "executable_cache" not in settings and (config is None or config.executable_cache is None):
+            settings["executable_cache"] = default_executable_cache()
+        self._start(build_chat_service(model, config, data_parallel=data_parallel, **settings), limits)
 
     @classmethod
     def from_service(cls, service: ChatService, limits: Limits | None = None) -> LLM:

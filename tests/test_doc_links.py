@@ -42,4 +42,4 @@ def test_no_doc_link_leaves_the_repository_or_dangles():
 def test_a_link_outside_is_caught(tmp_path):
     assert broken(ROOT / "README.md", "../shared/DESIGN.md") == "points outside the repository"
     assert broken(ROOT / "README.md", "docs/no-such-page.md") == "names no file"
-    assert broken(ROOT / "README.md", "docs/design.md") is None
+    assert broken(ROOT / "README.md", "docs/architecture.md") is None

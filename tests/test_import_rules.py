@@ -1,6 +1,6 @@
-"""The import rules of docs/design.md, and no import cycle anywhere in `jaxchat/`.
+"""The import rules of docs/architecture.md, and no import cycle anywhere in `jaxchat/`.
 
-The rules are stated once, here (`ALLOWED`, `BLOCKED`); docs/design.md's package table summarises them and
+The rules are stated once, here (`ALLOWED`, `BLOCKED`); docs/architecture.md's package table summarises them and
 names this file as their authority.
 
 Two checks, each of which can fail on its own:
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxchat"
 LEAVES = ("jaxchat.assets", "jaxchat.bitmask")  # stdlib-level helpers any layer above chat may use
 
-# The jaxchat modules each part may import directly (docs/design.md's table summarises these); a part not
-# listed may import anything. The engine's row in docs/design.md allows `constrain` for the constraint protocol;
+# The jaxchat modules each part may import directly (docs/architecture.md's table summarises these); a part not
+# listed may import anything. The engine's row in docs/architecture.md allows `constrain` for the constraint protocol;
 # that protocol is `jaxchat.engine.types.Constraint` (structural typing), since constrain imports chat, which the
 # engine may not reach even indirectly.
 ALLOWED = {

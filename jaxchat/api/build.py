@@ -1,8 +1,10 @@
 """Build the serving pipeline for a model path: engine, grammar engine and `ChatService` in one call.
 
-Contract: `build_chat_service(model=None, max_batch=8, max_context=4096, dtype="auto",
-constrained=True, quantize=None, data_parallel=None, **engine_kwargs)` (quantize "int8": int8 weights, W8A8) loads `model` (an HF directory, a GGUF file or an orbax
-checkpoint; None = the default model asset), starts an engine (`data_parallel` N > 1: N replicas, each over
+Contract: `build_chat_service(model=None, config=None, constrained=True, data_parallel=None, **settings)` loads
+`model` (an HF directory, a GGUF file or an orbax checkpoint; None = the default model asset) as `config`
+(`jaxchat.engine.config.EngineConfig`, default its defaults: those of `jaxchat serve` and `jaxchat.LLM`) with
+`settings` (its fields: `max_batch`, `dtype`, `quantize` "int8" for int8 weights, ...; and `warmup`, `start`)
+changed, starts an engine (`data_parallel` N > 1: N replicas, each over
 1/N of the devices with `max_batch` rows, behind one front, `engine.replicas`; None: its default) and, unless `constrained` is False, a
 grammar engine over the same tokenizer and vocabulary, and returns the `ChatService` serving it
 under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request
@@ -45,16 +47,14 @@ def default_programs() -> str:
     return default_program_set()
 
 
-def build_chat_service(model=None, *, max_batch: int = 8, max_context: int = 4096, dtype: str = "auto",
-                       constrained: bool = True, quantize: str | None = None, data_parallel: int | None = None,
-                       **engine_kwargs) -> ChatService:
+def build_chat_service(model=None, config=None, *, constrained: bool = True, data_parallel: int | None = None,
+                       **settings) -> ChatService:
     from jaxchat.assets import DEFAULT_MODEL, asset_path
     from jaxchat.constrain import GrammarEngine
     from jaxchat.engine import replicas
 
     if model is None:
         model = asset_path(DEFAULT_MODEL)
-    engine = replicas.from_path(str(model), data_parallel, dtype=dtype, max_batch=max_batch, max_context=max_context,
-                                quantize=quantize, **engine_kwargs)
+    engine = replicas.from_path(str(model), data_parallel, config, **settings)
     grammar = GrammarEngine(engine.tokenizer, vocab_size=engine.model.config.vocab_size) if constrained else None
     return ChatService(engine, model_id_for(model), grammar)

@@ -2,7 +2,7 @@
 dialects, streaming deltas, request validation and prompt rendering.
 
 Contract: pure Python (stdlib and jinja2 only); it never imports jax, numpy, xgrammar or starlette,
-which a test enforces. The names exported here are the ones docs/design.md promises.
+which a test enforces. The names exported here are the ones docs/architecture.md promises.
 """
 
 from jaxchat.chat.detect import chat_format_detect

@@ -1,20 +1,25 @@
 """The async `Engine`: one model, a paged KV pool, a host loop in its own thread.
 
 Contract:
-- `Engine(model, max_batch=16, max_context=2048, ...)` places the params on a mesh over all local devices
+- `Engine(model, max_batch=None, max_context=None, *, config=None, mesh=None, warmup=True, start=True, **settings)`
+  runs `config` (`config.EngineConfig`, every setting and its default; by default `EngineConfig()`, the settings
+  `jaxchat serve` and `jaxchat.LLM()` run with) with `settings` (any of its fields) changed, resolved for the
+  mesh's platform (`EngineConfig.resolve`; `engine.config`). It places the params on a mesh over all local devices
   (axis "tp", `model.partition_specs(mesh)`), asks the model how to run them on the mesh's platform
   (`model.step_model(params, platform)`, a `jaxchat.models.StepModel`), builds the KV pool and the step
   programs (`step.StepRunner`), precompiles them (`warmup=True`, or `warm_up()` later; a log line "Warm-up: N
   programs ...") and starts the host loop thread; after that no request compiles (`engine.warmup_seconds`: each
-  program's key -> the seconds its compile or load took). `programs` (`program_set`): "all" (the default here)
-  compiles every program at warm-up; "background" (one process only; "all" in a cluster) only the first set
+  program's key -> the seconds its compile or load took). `programs` (`program_set`; by default
+  `JAXCHAT_PROGRAMS`, else "background"): "all" compiles every program at warm-up; "background" (one process
+  only; "all" in a cluster) only the first set
   (`StepRunner.first_keys`: one ragged program, the largest decode step, their sampler), and the engine serves at
   once while the other programs compile on a thread ("jaxchat-compile", `wait_compiled()`), each run by the
   steps from the one after it is ready; "first" the first set and nothing more. Until a program is ready a step
   runs as chunks of a ready one (`StepRunner.selective`), so a step never waits on a compile
   (`compiles_on_request_path` stays 0). `max_batch` is the number of requests that run at once (slots);
   `max_context` is a per-request limit (prompt + output), not a reservation.
-- The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256, `default_page_size`),
+- The pool (`pages`): `page_size` tokens a page (16 on CPU and GPU; on TPU 128 to 256,
+  `config.default_page_size`),
   as many pages as `kv_cache_gib` GiB per device hold; by default, on devices that report their memory
   (TPU, GPU) what each device has left after the weights, the device state, the largest steps' temporaries
   (read from their compiled programs on a probe runner, `pool_plan`) and `slice_plan.HEADROOM`, on CPU at most
@@ -45,7 +50,7 @@ Contract:
   under shard_map over the mesh (the jnp path where the kv heads do not divide the devices). On the kernel's
   path the per-layer weight buffers replace the stacked ones (one copy: `model.params` becomes the per-layer
   form, except on one CPU device, where the layers are views of the stacked arrays).
-- `speculative` ("off", "ngram", "auto": `default_speculative`, ngram on CPU only): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
+- `speculative` ("off", "ngram", "auto", the default: `config.default_speculative`, ngram on CPU only): prompt-lookup drafts of up to `draft_tokens` tokens per row and step
   (`speculate`), verified in "verify" steps (8 tokens on CPU, 16 or 64 on accelerators; `verify_buckets`; a
   sampled token at every position) under the grammar's mask at
   every position; greedy outputs are unchanged, sampled ones keep the model's distribution.
@@ -89,43 +94,22 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxchat.engine import pool_plan, pool_size, slice_plan
+from jaxchat.engine import pool_plan, pool_size
 from jaxchat.engine.arrivals import Arrival
 from jaxchat.engine.attention_xla import XlaAttention
 from jaxchat.engine.chips import chip_of_device
 from jaxchat.engine.compiles import Tally
+from jaxchat.engine.config import ATTENTION_CHOICES, EngineConfig
 from jaxchat.engine.core import EngineCore
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.plan import SchedulerShape
-from jaxchat.engine.program_set import check_program_set
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets, samples_of
 from jaxchat.engine.step_link import BroadcastRunner, LeaderLink
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
-
-# an idle engine woken by a request waits while more arrive, each within this gap, for at most the window
-BURST_GAP_S = 0.003
-BURST_WINDOW_S = 0.03
-
-
-def default_page_size(mesh: jax.sharding.Mesh, max_context: int = 4096) -> int:
-    """16 tokens on CPU and GPU; on TPU the Pallas kernel's guidance for `max_context` (128 to 256 tokens,
-    `attention_tpu.page_size_for`)."""
-    if mesh_platform(mesh) != "tpu":
-        return 16
-    from jaxchat.engine.attention_tpu import page_size_for
-
-    return page_size_for(max_context)
-
-
-def default_step_tokens(mesh: jax.sharding.Mesh) -> int:
-    """The most tokens one step runs: on CPU a step's matmuls cost with its tokens, so a long prompt is cut in
-    chunks of 512 (a decode step beside one waits for it); accelerators take 2048."""
-    return 512 if mesh_platform(mesh) == "cpu" else 2048
-
 
 def token_buckets(max_step_tokens: int) -> tuple[int, ...]:
     """Token counts of the ragged programs: 16, 64, 256, ... (x4) up to `max_step_tokens`."""
@@ -140,17 +124,6 @@ def ragged_rows(max_batch: int) -> tuple[int, ...]:
     """Row counts of the ragged programs: 8 and max_batch (a lone row runs in the smallest: the extra rows cost
     only their logits). Models with recurrent layers run one row instead (`step.StepRunner`)."""
     return tuple(sorted({min(8, max_batch), max_batch}))
-
-
-ATTENTION_CHOICES = ("auto", "xla", "pallas")
-SPECULATIVE_CHOICES = ("auto", "off", "ngram")
-
-
-def default_speculative(platform: str) -> str:
-    """What `speculative="auto"` runs: ngram on CPU, where bench/speculative.py shows it pays at batch 1 and costs
-    nothing at 16 (docs/benchmarks.md); off on accelerators until a device run there shows the same."""
-    return "ngram" if platform == "cpu" else "off"
-DRAFT_TOKENS = 7  # the most tokens a row drafts per step (`drafts.DraftLength` adapts it per row)
 
 
 def verify_buckets(max_step_tokens: int, platform: str) -> tuple[int, ...]:
@@ -260,98 +233,65 @@ def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, 
              time.perf_counter() - t0, runner.programs_ready(), len(runner.program_keys()))
 
 
+def _compile_with_progress(runner: StepRunner, keys: list[tuple], seconds: dict) -> None:
+    """`runner.warmup(keys)` under a progress bar; `seconds[key]`: how long each program took."""
+    from tqdm import tqdm
+
+    last = [time.perf_counter()]
+    with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
+        def progress(done: int, total: int) -> None:
+            now = time.perf_counter()
+            seconds[keys[done - 1]] = now - last[0]
+            last[0] = now
+            bar.total = total
+            bar.update(done - bar.n)
+
+        runner.warmup(progress, keys=keys)
+
+
 class Engine:
-    def __init__(
-        self,
-        model: Any,
-        max_batch: int = 16,
-        max_context: int = 2048,
-        *,
-        mesh: jax.sharding.Mesh | None = None,
-        page_size: int | None = None,
-        kv_cache_gib: float | None = None,
-        num_pages: int | None = None,
-        max_step_tokens: int | None = None,
-        step_token_buckets: Sequence[int] | None = None,
-        decode_rows: Sequence[int] | None = None,
-        prefix_cache: bool = True,
-        executable_cache: str | os.PathLike | None = None,
-        jump_forward: bool = True,
-        overlap: bool = True,
-        attention: str = "auto",
-        speculative: str = "off",
-        draft_tokens: int | None = None,
-        warmup: bool = True,
-        programs: str = "all",
-        start: bool = True,
-        burst_gap_s: float = BURST_GAP_S,
-        burst_window_s: float = BURST_WINDOW_S,
-    ) -> None:
-        if decode_rows is not None and (not decode_rows or not all(1 <= r <= max_batch for r in decode_rows)):
-            raise ValueError(f"decode_rows {tuple(decode_rows)}: each row count must be from 1 to max_batch ({max_batch})")
+    def __init__(self, model: Any, max_batch: int | None = None, max_context: int | None = None, *,
+                 config: EngineConfig | None = None, mesh: jax.sharding.Mesh | None = None, warmup: bool = True,
+                 start: bool = True, **settings: Any) -> None:
+        """`config` (default `EngineConfig()`) with `settings` (any of its fields) and `max_batch` / `max_context`
+        changed, resolved for the mesh's platform (`EngineConfig.resolve`: `self.config`)."""
+        settings.update({k: v for k, v in (("max_batch", max_batch), ("max_context", max_context)) if v is not None})
+        self.mesh = mesh if mesh is not None else (model.mesh or make_mesh())
+        platform = mesh_platform(self.mesh)
+        self.config = c = (config or EngineConfig()).replace(**settings).resolve(platform, jax.process_count())
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
-        # "background": the first programs at warm-up, the others on a thread while the engine serves (one process
-        # only: the processes of a cluster must run the same program at each step, so there it is "all")
-        check_program_set(programs)
-        self.programs = "all" if programs == "background" and jax.process_count() > 1 else programs
+        self.programs = c.programs
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
-        self.mesh = mesh if mesh is not None else (getattr(model, "mesh", None) or make_mesh())
-        cfg = model.config
-        vocab = cfg.vocab_size
-        valid_vocab = min(vocab, len(self.tokenizer)) if self.tokenizer is not None else vocab
-        specs = model.partition_specs(self.mesh)
-        shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
-        params = jax.device_put(model.params, shardings)
-        if speculative not in SPECULATIVE_CHOICES:
-            raise ValueError(f"speculative {speculative!r}: choose one of {', '.join(SPECULATIVE_CHOICES)}")
-        if speculative == "auto":
-            speculative = default_speculative(mesh_platform(self.mesh))
-        page = page_size or default_page_size(self.mesh, max_context)
-        backend = attention_backend(attention, model.config, mesh_platform(self.mesh), page, self.mesh,
+        backend = attention_backend(c.attention, model.config, platform, c.page_size, self.mesh,
                                     chip_of_device(self.mesh.devices.flat[0]), model.dtype)
-        platform = mesh_platform(self.mesh)
-        # the kernel's per-layer buffers are copies (but on one CPU device: views): they take the stacked
-        # arrays' place, so the weights are held once
-        takes_over = backend.name == "pallas" and model.stacked and (platform != "cpu" or self.mesh.devices.size > 1)
-        step_model = (model.step_model(params, platform, layout="unrolled", consume=takes_over)
-                      if backend.name == "pallas" else model.step_model(params, platform))
-        if takes_over:
-            model.params = step_model.params
-        del params
-        # no step can hold more than every row's whole context
-        step_tokens = min(max_step_tokens or default_step_tokens(self.mesh), max_batch * max_context)
+        step_model = self._place(model, backend, platform)
         identity = program_identity(model)
-        shapes = dict(max_batch=max_batch, max_context=max_context, vocab_size=vocab, valid_vocab=valid_vocab,
-                      mesh=self.mesh, backend=backend, token_buckets=step_token_buckets or token_buckets(step_tokens),
-                      decode_rows=decode_rows or pow2_buckets(1, max_batch), ragged_rows=ragged_rows(max_batch),
-                      verify_buckets=verify_buckets(step_tokens, platform) if speculative == "ngram" else (),
-                      executables=None if executable_cache is None or jax.process_count() > 1
-                      else ExecutableStore(executable_cache, identity))
-        memory = pool_plan.device_memory(self.mesh) if num_pages is None else None
+        shapes = self._shapes(model, backend, identity, platform)
+        memory = pool_plan.device_memory(self.mesh) if c.num_pages is None else None
         self.pool_memory: dict[str, Any] | None = None  # the per-device plan's figures (TPU, GPU), else None
         if memory is not None:  # TPU, GPU: planned per chip, the steps' temporaries read from their programs
-            pages = self._planned_pages(memory, model, step_model, shapes, page, kv_cache_gib)
+            pages, self.pool_memory = pool_plan.engine_pages(memory, model.config, step_model, shapes,
+                                                             c.page_size, c.kv_cache_gib)
         else:
-            pages = num_pages or pool_size.num_pages(model, self.mesh, page, max_batch, max_context, kv_cache_gib)
+            pages = c.num_pages or pool_size.num_pages(model, self.mesh, c.page_size, c.max_batch, c.max_context,
+                                                       c.kv_cache_gib)
             n_dev = self.mesh.devices.size
-            if num_pages is None and n_dev > 1 and pages > n_dev:
+            if c.num_pages is None and n_dev > 1 and pages > n_dev:
                 pages -= pages % n_dev  # the pages split evenly when the kv heads cannot (`step.StepRunner`)
         self.runner = StepRunner(step_model, num_pages=pages, **shapes)
-        per_token = pool_size.kv_bytes_per_token(model)
-        log.info("KV pool: %d pages of %d tokens (%d tokens, %.2f GiB)", pages - 1, page, (pages - 1) * page,
-                 pages * page * per_token / (1 << 30))
+        log.info("KV pool: %d pages of %d tokens (%d tokens, %.2f GiB)", pages - 1, c.page_size,
+                 (pages - 1) * c.page_size, pages * c.page_size * pool_size.kv_bytes_per_token(model) / (1 << 30))
         self.scheduler = Scheduler(SchedulerShape.of(self.runner), self.tokenizer, self.eos_token_ids,
-                                   jump_forward=jump_forward, prefix_cache=prefix_cache,
-                                   salt=hashlib.sha256(identity.encode()).digest(),
-                                   draft_tokens=(draft_tokens or DRAFT_TOKENS) if speculative == "ngram" else 0)
+                                   jump_forward=c.jump_forward, prefix_cache=c.prefix_cache,
+                                   salt=hashlib.sha256(identity.encode()).digest(), draft_tokens=c.draft_tokens)
         self._mailbox = Mailbox()  # deltas for `generate` callers, flushed once per step
         self.request_path = Tally()  # the steps' compiles alone: a step that waited on a compile (stays 0 once warm)
-        self.core = EngineCore(self.scheduler, self.runner, self._mailbox, overlap=overlap,
-                               tallies=(self.compiles, self.request_path), burst_gap_s=burst_gap_s,
-                               burst_window_s=burst_window_s)
+        self.core = EngineCore(self.scheduler, self.runner, self._mailbox, overlap=c.overlap,
+                               tallies=(self.compiles, self.request_path), burst_gap_s=c.burst_gap_s,
+                               burst_window_s=c.burst_window_s)
         self.arrivals = self.core.arrivals  # requests the server is still reading (`expect_request`)
         self._finalizer = weakref.finalize(self, EngineCore.shutdown, self.core)
         if warmup:
@@ -359,48 +299,31 @@ class Engine:
         if start:
             self.start()
 
-    def _planned_pages(self, memory: pool_plan.DeviceMemory, model: Any, step_model: Any, shapes: dict, page: int,
-                       kv_cache_gib: float | None) -> int:
-        """The pool's pages on devices that report their memory (`pool_plan`): the steps' temporaries measured
-        on a probe runner over a one-row pool (nothing allocated), then the per-chip plan; a ValueError saying
-        what would fit when not even one row does."""
-        devices, padded = self.mesh.devices.size, mesh_platform(self.mesh) == "tpu"
-        stacked = step_model.layout == "stacked"
-        head_axis = getattr(shapes["backend"], "pool_head_axis", 1)
-        per_page, fixed = pool_plan.page_bytes(
-            lambda n: step_model.new_pools(shapes["backend"], n, page, shapes["max_batch"]), self.mesh, stacked,
-            head_axis, padded)
-        one_row = -(-(-(-shapes["max_context"] // page) + 1) // devices) * devices
-        probe = StepRunner(step_model, num_pages=one_row, abstract_arrays=True, **shapes)
-        temporaries = pool_plan.step_temporaries(probe)
-        how = "measured"
-        if temporaries is None:
-            temporaries, how = slice_plan.step_temporaries(model.config, max(probe.token_buckets),
-                                                           shapes["max_batch"], devices), "estimated"
-        del probe
-        rows, vocab = shapes["max_batch"], shapes["vocab_size"]
-        state = slice_plan.state_bytes(rows, vocab, padded)
-        fit = pool_plan.plan_pool(memory, temporaries=temporaries, state=state, per_page=per_page, fixed=fixed,
-                                  page_size=page, max_batch=rows, max_context=shapes["max_context"], devices=devices,
-                                  device_name=self.mesh.devices.flat[0].device_kind, kv_cache_gib=kv_cache_gib)
-        pages = pool_plan.least_over_processes(fit.pages if fit.fits else 0)  # one pool for every process
-        if pages == 0:
-            raise ValueError(fit.message or "another process's devices cannot hold one row of max_context")
-        self.pool_memory = {"bytes_limit": memory.bytes_limit, "bytes_in_use": memory.bytes_in_use,
-                            "temporaries": temporaries, "temporaries_how": how, "state": state, "page_bytes": per_page}
-        gib = 1 << 30
-        log.info("KV pool plan per device: %.2f GiB of %.2f in use after the weights, step temporaries %.2f GiB "
-                 "(%s), device state %.2f GiB, %.1f KiB a page", memory.bytes_in_use / gib,
-                 memory.bytes_limit / gib, temporaries / gib, how, state / gib, per_page / 1024)
-        return pages
+    def _place(self, model: Any, backend: Any, platform: str) -> Any:
+        """The params on the mesh, as the model's `StepModel` for the backend (the Pallas kernel's per-layer
+        buffers are copies, but on one CPU device views: they take the stacked arrays' place, so the weights are
+        held once)."""
+        specs = model.partition_specs(self.mesh)
+        shardings = jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+        params = jax.device_put(model.params, shardings)
+        takes_over = backend.name == "pallas" and model.stacked and (platform != "cpu" or self.mesh.devices.size > 1)
+        step_model = (model.step_model(params, platform, layout="unrolled", consume=takes_over)
+                      if backend.name == "pallas" else model.step_model(params, platform))
+        if takes_over:
+            model.params = step_model.params
+        return step_model
 
-    @property
-    def burst_gap_s(self) -> float:
-        return self.core.burst_gap_s
-
-    @property
-    def burst_window_s(self) -> float:
-        return self.core.burst_window_s
+    def _shapes(self, model: Any, backend: Any, identity: str, platform: str) -> dict[str, Any]:
+        """The step runner's shapes and program buckets for this config."""
+        c, vocab = self.config, model.config.vocab_size
+        return dict(max_batch=c.max_batch, max_context=c.max_context, vocab_size=vocab,
+                    valid_vocab=min(vocab, len(self.tokenizer)) if self.tokenizer is not None else vocab,
+                    mesh=self.mesh, backend=backend,
+                    token_buckets=c.step_token_buckets or token_buckets(c.max_step_tokens),
+                    decode_rows=c.decode_rows or pow2_buckets(1, c.max_batch), ragged_rows=ragged_rows(c.max_batch),
+                    verify_buckets=verify_buckets(c.max_step_tokens, platform) if c.speculative == "ngram" else (),
+                    executables=None if c.executable_cache is None or jax.process_count() > 1
+                    else ExecutableStore(c.executable_cache, identity))
 
     def warm_up(self) -> None:
         """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
@@ -414,23 +337,12 @@ class Engine:
     def _warmup(self) -> None:
         """Compile (or load from the persistent compilation cache) the step programs, with a progress bar
         and a log line of how many were compiled and how many loaded."""
-        from tqdm import tqdm
-
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
         store, runner = self.runner.executables, self.runner
         first_set = self.programs != "all" and self.core.background is None and not runner.selective
         background = first_set and self.programs == "background"
         keys = runner.first_keys() if first_set else runner.program_keys()
-        last = [t0]
-        with tqdm(desc="compiling or loading programs", unit="program", leave=False) as bar:
-            def progress(done: int, total: int) -> None:
-                now = time.perf_counter()
-                self.warmup_seconds[keys[done - 1]] = now - last[0]
-                last[0] = now
-                bar.total = total
-                bar.update(done - bar.n)
-
-            runner.warmup(progress, keys=keys)
+        _compile_with_progress(runner, keys, self.warmup_seconds)
         runner.selective = runner.selective or first_set  # from now on, steps keep to the compiled programs
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized = store.loaded if store is not None else 0
@@ -458,18 +370,22 @@ class Engine:
         return True
 
     @classmethod
-    def from_path(cls, path: str | None = None, *, dtype: str = "auto", max_batch: int = 16,
-                  max_context: int = 2048, quantize: str | None = None, **kwargs: Any) -> Engine:
-        """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset; `quantize` "int8": int8
-        weights, see `models.load.load_model`) and build an engine."""
+    def from_path(cls, path: str | None = None, config: EngineConfig | None = None, *,
+                  mesh: jax.sharding.Mesh | None = None, **settings: Any) -> Engine:
+        """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) with the config's `dtype` and
+        `quantize` (`models.load.load_model`) and build an engine; `settings`: `Engine`'s (config fields,
+        `warmup`, `start`)."""
         from jaxchat.models import load_model
 
         if path is None:
             from jaxchat.assets import DEFAULT_MODEL, asset_path
 
             path = asset_path(DEFAULT_MODEL)
-        mesh = kwargs.pop("mesh", None) or make_mesh()
-        return cls(load_model(path, dtype, mesh, quantize=quantize), max_batch, max_context, mesh=mesh, **kwargs)
+        runtime = {k: settings.pop(k) for k in ("warmup", "start") if k in settings}
+        config = (config or EngineConfig()).replace(**settings)
+        mesh = mesh or make_mesh()
+        return cls(load_model(path, config.dtype, mesh, quantize=config.quantize), config=config, mesh=mesh,
+                   **runtime)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -41,6 +41,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from jaxchat.engine import attention_tpu, chips, engine, pool_plan, replicas, slice_plan
+from jaxchat.engine.config import MAX_BATCH, MAX_CONTEXT
 from jaxchat.engine.step import StepRunner, abstract, make_mesh, pow2_buckets, samples_of
 
 
@@ -133,7 +134,7 @@ class SliceReport:
                 **({"message": self.fit.message} if not self.fit.fits else {})}
 
 
-def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: int = 8, max_context: int = 4096,
+def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: int = MAX_BATCH, max_context: int = MAX_CONTEXT,
                 attention: str = "auto", page_size: int | None = None, dtype: str = "bfloat16",
                 max_step_tokens: int | None = None, kv_cache_gib: float | None = None, speculative: str = "off",
                 programs: str = "all", data_parallel: int | None = None,

@@ -20,6 +20,8 @@ Contract:
   pool, then at warm-up over the planned one), a cost paid only where a device reports its memory. None when
   the platform gives no analysis (or a compile fails). They do not depend on the pool's size (the pool is donated
   and written in place; `tests/engine/test_pool_plan.py`), so a probe runner over a one-row pool measures them.
+- `engine_pages(memory, model_config, step_model, shapes, page, kv_cache_gib) -> (pages, figures)`: an engine's
+  pool on such devices: the temporaries measured on a probe runner of the engine's shapes, then `plan_pool`.
 - `plan_pool(memory, *, temporaries, state, per_page, fixed, ...) -> slice_plan.PoolFit`: `slice_plan.fit_pages`
   on the device's own figures (`bytes_limit` as its HBM, `bytes_in_use` as the weights), the same arithmetic as
   `jaxchat lower`'s plan: `slice_plan.HEADROOM` of the memory kept back, `kv_cache_gib` GiB per device when
@@ -29,6 +31,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import astuple
 from typing import Any
@@ -37,7 +40,9 @@ import jax
 import numpy as np
 
 from jaxchat.engine import slice_plan
-from jaxchat.engine.step import abstract, pool_shardings
+from jaxchat.engine.step import StepRunner, abstract, mesh_platform, pool_shardings
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,3 +136,35 @@ def plan_pool(memory: DeviceMemory, *, temporaries: int, state: int, per_page: f
                                 temporaries=temporaries, page_bytes=per_page, fixed=fixed, page_size=page_size,
                                 max_batch=max_batch, max_context=max_context, devices=devices, chip=device_name,
                                 kv_cache_gib=kv_cache_gib, devices_flag="")
+
+
+def engine_pages(memory: DeviceMemory, model_config: Any, step_model: Any, shapes: dict, page: int,
+                 kv_cache_gib: float | None) -> tuple[int, dict[str, Any]]:
+    """(pages, the plan's figures) of an engine's pool on devices that report their memory: the steps' temporaries
+    measured on a probe runner over a one-row pool (nothing allocated; estimated where the backend reports none),
+    then the per-chip plan (`plan_pool`), the least over the processes; a ValueError saying what would fit when
+    not even one row does. `shapes`: the `StepRunner` shapes the engine runs."""
+    mesh, backend = shapes["mesh"], shapes["backend"]
+    devices, padded = mesh.devices.size, mesh_platform(mesh) == "tpu"
+    rows, max_context = shapes["max_batch"], shapes["max_context"]
+    per_page, fixed = page_bytes(lambda n: step_model.new_pools(backend, n, page, rows), mesh,
+                                 step_model.layout == "stacked", backend.pool_head_axis, padded)
+    one_row = -(-(-(-max_context // page) + 1) // devices) * devices
+    probe = StepRunner(step_model, num_pages=one_row, abstract_arrays=True, **shapes)
+    temporaries, how = step_temporaries(probe), "measured"
+    if temporaries is None:
+        temporaries, how = slice_plan.step_temporaries(model_config, max(probe.token_buckets), rows, devices), "estimated"
+    del probe
+    state = slice_plan.state_bytes(rows, shapes["vocab_size"], padded)
+    fit = plan_pool(memory, temporaries=temporaries, state=state, per_page=per_page, fixed=fixed, page_size=page,
+                    max_batch=rows, max_context=max_context, devices=devices,
+                    device_name=mesh.devices.flat[0].device_kind, kv_cache_gib=kv_cache_gib)
+    pages = least_over_processes(fit.pages if fit.fits else 0)  # one pool for every process
+    if pages == 0:
+        raise ValueError(fit.message or "another process's devices cannot hold one row of max_context")
+    gib = 1 << 30
+    log.info("KV pool plan per device: %.2f GiB of %.2f in use after the weights, step temporaries %.2f GiB "
+             "(%s), device state %.2f GiB, %.1f KiB a page", memory.bytes_in_use / gib,
+             memory.bytes_limit / gib, temporaries / gib, how, state / gib, per_page / 1024)
+    return pages, {"bytes_limit": memory.bytes_limit, "bytes_in_use": memory.bytes_in_use,
+                   "temporaries": temporaries, "temporaries_how": how, "state": state, "page_bytes": per_page}

@@ -36,6 +36,7 @@ from typing import Any
 
 import jax
 
+from jaxchat.engine.config import EngineConfig
 from jaxchat.engine.engine import Engine
 from jaxchat.engine.step import make_mesh
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
@@ -108,25 +109,26 @@ def plan(path: str | Path, data_parallel: int | None, devices: Sequence[Any], dt
                                  _hbm_bytes(devices[0]))
 
 
-def from_path(path: str | Path, data_parallel: int | None = None, *, dtype: str = "auto", max_batch: int = 16,
-              max_context: int = 2048, quantize: str | None = None, mesh: jax.sharding.Mesh | None = None,
-              **engine_kwargs: Any) -> Engine | Replicas:
+def from_path(path: str | Path, data_parallel: int | None = None, config: EngineConfig | None = None, *,
+              mesh: jax.sharding.Mesh | None = None, **settings: Any) -> Engine | Replicas:
+    """One engine over the devices, or `data_parallel` replicas (None: the default plan); `config` with
+    `settings` (its fields, and `warmup`, `start`) changed."""
+    warmup, start = settings.pop("warmup", True), settings.pop("start", True)
+    config = (config or EngineConfig()).replace(**settings)
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
-    n, why = plan(path, data_parallel, devices, dtype)
+    n, why = plan(path, data_parallel, devices, config.dtype)
     log.info("Plan: %d data-parallel replica%s of %d device%s (%s)", n, "s" * (n > 1), len(devices) // n,
              "s" * (len(devices) // n > 1), why or "the default")
     if n == 1:
-        return Engine.from_path(str(path), dtype=dtype, max_batch=max_batch, max_context=max_context,
-                                quantize=quantize, mesh=mesh or make_mesh(devices), **engine_kwargs)
+        return Engine.from_path(str(path), config, mesh=mesh or make_mesh(devices), warmup=warmup, start=start)
     from jaxchat.models import load_model
 
-    warmup = engine_kwargs.pop("warmup", True)
     engines: list[Engine] = []
     try:
         for group in split_devices(devices, n):
             group_mesh = make_mesh(group)
-            engines.append(Engine(load_model(path, dtype, group_mesh, quantize=quantize), max_batch, max_context,
-                                  mesh=group_mesh, warmup=False, **engine_kwargs))
+            engines.append(Engine(load_model(path, config.dtype, group_mesh, quantize=config.quantize),
+                                  config=config, mesh=group_mesh, warmup=False, start=start))
         if warmup:  # each replica compiles its own programs (bound to its devices): all at once
             with ThreadPoolExecutor(n, thread_name_prefix="jaxchat-warmup") as pool:
                 list(pool.map(Engine.warm_up, engines))

@@ -33,9 +33,12 @@ def services(tmp_path_factory):
     shapes = IN_PROCESS_SHAPES
     qwen25 = tiny_chat_model(tmp_path_factory.mktemp("qwen25"))
     made = {
-        "qwen25": build_chat_service(qwen25, **shapes),
-        "qwen25-speculative": build_chat_service(qwen25, speculative="ngram", **shapes),
-        "qwq": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwq"), "Qwen-QwQ-32B.jinja"), **shapes),
+        "qwen25": build_chat_service(qwen25, speculative="off", **shapes),
+        # its verify program compiled up front: under the test run's first set alone (JAXCHAT_PROGRAMS=first,
+        # tests/conftest.py) it would never draft
+        "qwen25-speculative": build_chat_service(qwen25, speculative="ngram", programs="all", **shapes),
+        "qwq": build_chat_service(tiny_chat_model(tmp_path_factory.mktemp("qwq"), "Qwen-QwQ-32B.jinja"),
+                                  speculative="off", **shapes),
     }
     yield made
     for service in made.values():

@@ -48,8 +48,10 @@ def services(tmp_path_factory):
 
     shapes = {"max_batch": 8, "max_context": 512, "decode_rows": (8,), "step_token_buckets": (256,)}
     qwen25 = tiny_chat_model(tmp_path_factory.mktemp("qwen25"))
-    made = {"plain": build_chat_service(qwen25, **shapes),
-            "speculative": build_chat_service(qwen25, speculative="ngram", **shapes)}
+    # the speculative service compiles its verify program up front: under the test run's first set alone
+    # (JAXCHAT_PROGRAMS=first, tests/conftest.py) it would never draft
+    made = {"plain": build_chat_service(qwen25, speculative="off", **shapes),
+            "speculative": build_chat_service(qwen25, speculative="ngram", programs="all", **shapes)}
     yield made
     for service in made.values():
         service.engine.shutdown()
