@@ -20,6 +20,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxchat"
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_exit"}
 
+# The engine's probes of objects that are not the project's: (module, the probed object as written) -> what it is
+FOREIGN_PROBES = {
+    ("chips.py", "device"): "a jax.Device (CPU devices have no TPU kind)",
+    ("chips.py", "tpu_info.ChipVersion"): "JAX's Mosaic chip-version enum, looked up by name",
+    ("compile_level.py", "x"): "a params leaf: a jax.Array, or a ShapeDtypeStruct, or a Python scalar",
+    ("executables.py", "x.sharding"): "a jax Sharding (only NamedSharding has a mesh)",
+    ("executables.py", "mesh"): "a jax Mesh (an AbstractMesh has no device ids)",
+    ("pallas_interpret.py", "owner"): "a module of JAX's Pallas interpreter, patched by version",
+    ("pallas_interpret.py", "ipc.get"): "a function of JAX's Pallas interpreter (already wrapped or not)",
+    ("pool_plan.py", "dev"): "a jax.Device (memory_stats exists on TPU and GPU)",
+    ("replicas.py", "device"): "a jax.Device (memory_stats exists on TPU and GPU)",
+    ("step.py", "x"): "a params leaf: a jax.Array (sharded) or a host array",
+}
+
 
 def _modules(root: Path) -> list[Path]:
     return sorted(root.rglob("*.py"))
@@ -82,6 +96,17 @@ def test_no_module_uses_another_modules_private_names():
 def test_api_and_server_do_not_probe_attributes():
     found = [p for pkg in ("api", "server") for path in _modules(PACKAGE / pkg) for p in attribute_probes(path)]
     assert not found, "hasattr/getattr probes (use a Protocol and isinstance, or a capability flag):\n" + "\n".join(found)
+
+
+def test_the_engine_probes_only_foreign_objects():
+    found = []
+    for path in _modules(PACKAGE / "engine"):
+        for probe in attribute_probes(path):
+            call = ast.parse(probe.split(": ", 1)[1]).body[0].value
+            if (path.name, ast.unparse(call.args[0])) not in FOREIGN_PROBES:
+                found.append(probe)
+    assert not found, ("hasattr/getattr on the project's own objects in jaxchat/engine (declare the capability, or "
+                       "list a foreign object in FOREIGN_PROBES):\n" + "\n".join(found))
 
 
 def test_the_checks_find_what_they_look_for(tmp_path):

@@ -51,6 +51,10 @@ def _batch_matcher():
 class GrammarConstraint:
     """An xgrammar-backed constraint for one request."""
 
+    # the engine's `Constraint` protocol: what it offers beyond fill_mask / accept / is_terminated
+    jumps = True  # forced_text, accept_jumped
+    drafts = True  # draft_masks
+
     def __init__(self, compiled, *, vocab_size: int, role: str = "", reasoning_start: str = "",
                  reasoning_compiled=None, text_stop_ids=(), stop_token_ids=None, guard_ids=(),
                  late_guard_ids=(), canary_id=None, opener_ids=(), end_ids=()):
@@ -146,6 +150,8 @@ class GrammarConstraint:
                 row[words:] = 0
             if c.canary_id is not None and (c.guard_ids or c.late_guard_ids or c.opener_ids):
                 c._guard(row.view(np.uint32))
+
+    batch_fill = fill_masks  # the engine fills several rows' masks in one call
 
     def draft_masks(self, drafts: list[int], masks: np.ndarray) -> int:
         """Speculative decoding: the masks of the next token and of the token after each draft token, as the
@@ -255,6 +261,10 @@ class GrammarConstraint:
 
 class TokenBanConstraint:
     """A fixed mask: every token allowed except `banned`."""
+
+    jumps = False  # the engine's `Constraint` protocol: nothing is forced
+    drafts = True  # draft_masks
+    batch_fill = None
 
     def __init__(self, vocab_size: int, banned):
         self.vocab_size = vocab_size

@@ -261,12 +261,12 @@ def unsupported(config, dtype="bfloat16", shards: int = 1) -> str | None:
     """Why the kernel cannot run a model's attention with its heads split over `shards` devices and a pool of
     `dtype` (None: it can): head dims a multiple of 128, kv heads that divide by the shards and that the kernel
     tiles (`tiling_problem`, one device's share), no attention sinks."""
-    dims = {config.head_dim, getattr(config, "global_head_dim", None) or config.head_dim}
+    dims = {config.head_dim, config.global_head_dim or config.head_dim}
     if any(d % 128 for d in dims):
         return f"head_dim {sorted(dims)}: the kernel needs a multiple of 128"
-    if getattr(config, "attention_sinks", False):
+    if config.attention_sinks:
         return "attention sinks (gpt-oss): the kernel has none"
-    for kv in {config.num_kv_heads, getattr(config, "num_global_kv_heads", None) or config.num_kv_heads}:
+    for kv in {config.num_kv_heads, config.num_global_kv_heads or config.num_kv_heads}:
         if kv % shards:
             return f"{kv} kv heads do not divide over {shards} devices"
         why = tiling_problem(config.num_heads // shards, kv // shards, dtype, dtype)

@@ -395,8 +395,7 @@ class Engine:
         """Send every step call to the followers on `link` before running it (process 0 of a cluster)."""
         if self.core.thread is not None:
             raise RuntimeError("relay_steps must come before start()")
-        self.runner = BroadcastRunner(self.runner, link)
-        self.core.runner = self.runner
+        self.core.runner = BroadcastRunner(self.runner, link)
 
     def shutdown(self) -> None:
         """Stop the engine thread and release the device state and compiled programs (idempotent)."""

@@ -162,7 +162,6 @@ def _compile_with_cache_off(program: Any, args: tuple, compilation_cache: Any) -
 def program_identity(model: Any) -> str:
     """What a model's traced forward closes over, as text: its class, config, dtype, quantisation and layout
     flags (the params themselves are arguments, so their shapes are in each program's signature)."""
-    parts = (type(model).__module__, type(model).__qualname__, repr(getattr(model, "config", None)),
-             str(getattr(model, "dtype", None)), str(getattr(model, "quantize", None)),
-             str(getattr(model, "stacked", None)))
+    parts = (type(model).__module__, type(model).__qualname__, repr(model.config), str(model.dtype),
+             str(model.quantize), str(model.stacked))
     return "|".join(parts)

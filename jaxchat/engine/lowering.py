@@ -236,7 +236,7 @@ def run(args: Any, out=print) -> int:
                              max_context=args.max_context, attention=args.attention, page_size=args.page_size,
                              dtype=args.dtype, max_step_tokens=args.max_step_tokens, kv_cache_gib=args.kv_cache_gib,
                              speculative=args.speculative, programs=args.programs,
-                             data_parallel=args.data_parallel, platform=getattr(args, "platform", "tpu"))
+                             data_parallel=args.data_parallel, platform=args.platform)
     except (ValueError, OSError) as exc:
         out(f"jaxchat lower: error: {exc}")
         out(json.dumps({"programs": 0, "lowered": 0, "error": str(exc)}))

@@ -2,7 +2,7 @@
 
 Contract (`Speculator(k_max, max_tokens)`, one per scheduler; `k_max` 0 turns it off):
 - `start(seq)` at a request's first admission: a request drafts unless it has a repetition, presence or
-  frequency penalty or asks for logprobs, or its constraint cannot fill masks ahead (`draft_masks`); the reason
+  frequency penalty or asks for logprobs, or its constraint does not declare draft masks (`drafts`); the reason
   is logged (debug) and the request decodes as usual.
 - `waits(seq, running)`: whether a drafting row whose sampled token is still on the device needs that token on
   the host before the next step is planned (its drafts follow it): while it is copying (the tail of its known
@@ -66,7 +66,7 @@ class Speculator:
             why = "penalties (the counts a draft would need are not kept per position)"
         elif s.logprobs is not None:
             why = "logprobs are asked for"
-        elif c is not None and not hasattr(c, "draft_masks"):
+        elif c is not None and not c.drafts:
             why = f"its constraint ({type(c).__name__}) cannot fill masks ahead"
         if why is not None:
             log.debug("request %s decodes without drafts: %s", seq.req.request_id, why)

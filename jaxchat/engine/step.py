@@ -319,7 +319,7 @@ class StepRunner:
 
         shapes = jax.eval_shape(zero_state)
         head_axis = 2 if stacked else 1  # state channels of a recurrent state array (kv heads of an xla pool)
-        kv_head_axis = getattr(backend, "pool_head_axis", 1) + stacked
+        kv_head_axis = backend.pool_head_axis + stacked
         state_sh = DeviceState(pool_shardings(shapes.pools, mesh, head_axis, num_pages, kv_head_axis,
                                               page_axis=int(stacked)), rep, rep, rep)
         param_sh = jax.tree.map(lambda x: getattr(x, "sharding", None) or rep, params)

@@ -12,8 +12,9 @@ Contract:
   waits for every follower's hello; a follower whose runner `signature` (buckets, sizes, layout: what decides
   the programs) differs from the leader's is refused and the leader raises `ValueError` naming both.
   `FollowerLink.connect(process_id, signature, timeout_s)` is the other end.
-- `BroadcastRunner(runner, link)` is the leader's runner: every step call is sent first, then run; any other
-  attribute is the runner's. `follow(runner, link)` is a follower's whole life: it replays calls until the
+- `BroadcastRunner(runner, link)` is the leader's runner as the engine core drives it (`Engine.relay_steps`
+  installs it in the core; the engine keeps the runner itself): every step call is sent first, then run; `fetch`,
+  `release` and the step limits are the runner's. `follow(runner, link)` is a follower's whole life: it replays calls until the
   leader says stop (returns) or is gone (exits the process with status 1).
 - Faults. Followers send a heartbeat every `HEARTBEAT_S`; a follower whose connection closes (the process died)
   or that sends nothing for `LOST_AFTER_S` (it hangs) is lost: the leader calls `on_lost(reason)` once, from
@@ -38,7 +39,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from jaxchat.engine import cluster
 
@@ -250,32 +250,63 @@ def _exit_now(reason: str) -> None:
 
 
 class BroadcastRunner:
-    """The leader's runner: step calls go to the followers first; everything else is the runner's."""
+    """The leader's runner as the engine core drives it: each step call goes to the followers first, then runs on
+    `runner`; `fetch`, `release` and the step limits are `runner`'s own."""
 
     def __init__(self, runner, link: LeaderLink) -> None:
-        self._runner = runner
+        self.runner = runner
         self._link = link
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._runner, name)
-
-    def _step(self, name: str, *args, **kwargs):
+    def _step(self, name: str, method: Callable, *args, **kwargs):
         self._link.send(name, args, kwargs)
         try:
-            return getattr(self._runner, name)(*args, **kwargs)
+            return method(*args, **kwargs)
         except Exception as exc:
             if self._link.lost or self._link.wait_lost(LOST_AFTER_S):
                 raise ClusterLost(self._link.lost_reason) from exc
             raise
 
     def run(self, *args, **kwargs):
-        return self._step("run", *args, **kwargs)
+        return self._step("run", self.runner.run, *args, **kwargs)
 
     def launch(self, *args, **kwargs):
-        return self._step("launch", *args, **kwargs)
+        return self._step("launch", self.runner.launch, *args, **kwargs)
 
     def sample(self, *args, **kwargs):
-        return self._step("sample", *args, **kwargs)
+        return self._step("sample", self.runner.sample, *args, **kwargs)
+
+    def fetch(self, logprobs: bool = False):
+        return self.runner.fetch(logprobs)
+
+    def release(self) -> None:
+        self.runner.release()
+
+    @property
+    def max_step_tokens(self) -> int:
+        return self.runner.max_step_tokens
+
+    @property
+    def max_step_rows(self) -> int:
+        return self.runner.max_step_rows
+
+    @property
+    def max_verify_tokens(self) -> int:
+        return self.runner.max_verify_tokens
+
+    @property
+    def ragged_rows(self) -> tuple[int, ...]:
+        return self.runner.ragged_rows
+
+
+def step_call(runner, name: str) -> Callable:
+    """The runner's method for a step call named on the wire (one of `STEP_CALLS`)."""
+    if name == "run":
+        return runner.run
+    if name == "launch":
+        return runner.launch
+    if name == "sample":
+        return runner.sample
+    raise ValueError(f"unknown step call {name!r} from process 0")
 
 
 def follow(runner, link: FollowerLink) -> None:
@@ -285,9 +316,8 @@ def follow(runner, link: FollowerLink) -> None:
         name, args, kwargs = link.next_call()
         if name == "stop":
             return
-        if name not in STEP_CALLS:
-            raise ValueError(f"unknown step call {name!r} from process 0")
+        call = step_call(runner, name)
         try:
-            getattr(runner, name)(*args, **kwargs)
+            call(*args, **kwargs)
         except Exception:
             log.exception("step %s failed (as it did on process 0)", name)

@@ -9,7 +9,7 @@ Contract (`TokenHandler(tokenizer, max_context, max_jump=MAX_JUMP, jump_forward=
   when it already runs, fed from the device: `seq.fed`), `count_from` = the position after the sampled token.
 - `start(seq)`: at admission (after the prompt, or a recompute after a preemption): text the grammar forces
   first joins the pending tokens (not after a recompute: it was taken before).
-- Jump-forward (`jump_forward`, for constraints with `forced_text`, requests without logprobs): the forced
+- Jump-forward (`jump_forward`, for constraints that declare `jumps`, requests without logprobs): the forced
   tokens, as the tokenizer spells them after the previous token (`jump_forward.forced_token_ids`), less the
   last, at most `max_jump` (and what `max_tokens` and the context leave), each checked like a sampled token
   and emitted as one delta, counted in `forced_tokens`.
@@ -166,7 +166,7 @@ class TokenHandler:
         """Take the text the grammar forces after `prev` without sampling (see the module docstring): at most
         `max_jump` tokens. May finish the request."""
         c = seq.req.constraint
-        if not self.jump_forward or seq.req.sampling.logprobs is not None or not hasattr(c, "forced_text"):
+        if not self.jump_forward or seq.req.sampling.logprobs is not None or not c.jumps:
             return []
         room = min(self.max_jump, seq.req.sampling.max_tokens - seq.generated,
                    self.max_context - 1 - seq.position)
@@ -203,7 +203,7 @@ class TokenHandler:
         dropped (the model samples under the grammar's mask instead)."""
         c = seq.req.constraint
         jumping = self.jump_forward and seq.req.sampling.logprobs is None
-        if jumping or self.tokenizer is None or not hasattr(c, "forced_text"):
+        if jumping or self.tokenizer is None or not c.jumps:
             return
         try:
             if plan:
@@ -239,15 +239,15 @@ class TokenHandler:
 
 
 def fill_masks(seqs: list[Sequence], on_error) -> None:
-    """Fill the next mask of each request (`seq.mask`) from its constraint: constraints of a type that has a
-    `fill_masks(constraints, rows)` hook (`jaxchat.constrain`'s grammar constraints: one batched, threaded
-    xgrammar call) are filled together, the others one by one. A failure ends only the requests it concerns
+    """Fill the next mask of each request (`seq.mask`) from its constraint: constraints of a type that declares a
+    `batch_fill(constraints, rows)` (`jaxchat.constrain`'s grammar constraints: one batched, threaded xgrammar
+    call) are filled together, the others one by one. A failure ends only the requests it concerns
     (`on_error(seq, "error", error=...)`)."""
     groups: dict[type, list[Sequence]] = {}
     for seq in seqs:
         groups.setdefault(type(seq.req.constraint), []).append(seq)
     for kind, group in groups.items():
-        batch = getattr(kind, "fill_masks", None)
+        batch = kind.batch_fill
         if batch is not None and len(group) > 1:
             try:
                 batch([seq.req.constraint for seq in group], [seq.mask for seq in group])

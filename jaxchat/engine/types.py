@@ -7,6 +7,7 @@ constraint object. The engine never imports `jaxchat.chat`, `jaxchat.api` or the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,7 +18,15 @@ class Constraint(Protocol):
     """A per-request decoding constraint (built by `jaxchat.constrain`), driven by the engine's host loop.
 
     Bitmask layout (`jaxchat.bitmask`): int32 words, bit j of word i is token 32*i + j, 1 = allowed.
+    Optional capabilities are declared by attributes, which the engine reads (it never probes for methods):
+    `jumps` (jump-forward: `forced_text`, `accept_jumped`), `drafts` (speculative decoding keeps the grammar:
+    `draft_masks`), `batch_fill` (None, or a callable filling the masks of several constraints of this type in one
+    call: `batch_fill(constraints, rows)`). `ConstraintBase` declares none of them.
     """
+
+    jumps: bool
+    drafts: bool
+    batch_fill: Callable[[list, list], None] | None
 
     def fill_mask(self, row: np.ndarray) -> None:
         """Write the allowed-token bitmask for the next token into `row` (int32[`jaxchat.bitmask.mask_words(V)`])."""
@@ -27,6 +36,35 @@ class Constraint(Protocol):
 
     def is_terminated(self) -> bool:
         """True when the grammar has reached an accepting end and nothing more may follow."""
+
+    def forced_text(self) -> str:
+        """(`jumps`) The text the grammar admits as the only continuation from here ("" when there is a choice)."""
+
+    def accept_jumped(self, token: int) -> bool:
+        """(`jumps`) Advance by a token of `forced_text()`'s tokenisation; False (state unchanged) when the grammar
+        does not take it, so the jump stops before it."""
+
+    def draft_masks(self, drafts: list[int], masks: np.ndarray) -> int:
+        """(`drafts`) The masks of the next token and after each draft token (`masks[j]`); returns how many drafts
+        the grammar admits in a row. The constraint's state is as before the call."""
+
+
+class ConstraintBase:
+    """A constraint with no optional capability (`Constraint`): subclasses implement `fill_mask`, `accept` and
+    `is_terminated`, and declare (and implement) what more they offer."""
+
+    jumps = False
+    drafts = False
+    batch_fill: Callable[[list, list], None] | None = None
+
+    def forced_text(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} declares no jump-forward (jumps = False)")
+
+    def accept_jumped(self, token: int) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} declares no jump-forward (jumps = False)")
+
+    def draft_masks(self, drafts: list[int], masks: np.ndarray) -> int:
+        raise NotImplementedError(f"{type(self).__name__} declares no draft masks (drafts = False)")
 
 
 LOGIT_BIAS_SLOTS = 32  # logit_bias entries a request may carry (the sampler's static width: no new program shapes)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from jaxchat.engine.types import ConstraintBase
 from jaxchat.models import StepModel
 
 SPECIALS = ["<|im_end|>", "<tool_call>", "</tool_call>"]
@@ -86,6 +87,9 @@ class FakeConfig:
     num_layers: int = 2
     num_kv_heads: int = 2
     head_dim: int = 16
+    global_head_dim: int | None = None
+    num_global_kv_heads: int | None = None
+    attention_sinks: bool = False
 
 
 class FakeModel:
@@ -97,6 +101,8 @@ class FakeModel:
         self.eos_token_ids = tuple(eos)
         self.dtype = jnp.float32
         self.mesh = None
+        self.quantize = None
+        self.stacked = False  # no stacked-layers layout: the Pallas path's takeover never applies
         r = np.random.default_rng(seed)
         d, v = config.hidden_size, config.vocab_size
         self.params = {
@@ -137,7 +143,7 @@ class FakeModel:
                          vocab_major_head=None)
 
 
-class ScriptedConstraint:
+class ScriptedConstraint(ConstraintBase):
     """A test constraint: allows only `allowed` ids; terminates after `length` tokens; may raise."""
 
     def __init__(self, allowed, length: int = 1000, raise_at: int | None = None, mask_words: int = 10):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxchat.engine.engine import Engine
-from jaxchat.engine.types import GenerationRequest, SamplingParams
+from jaxchat.engine.types import ConstraintBase, GenerationRequest, SamplingParams
 from tests.engine.helpers import FakeModel, byte_tokenizer
 
 TOK = byte_tokenizer()
@@ -23,10 +23,12 @@ EOS = TOK.convert_tokens_to_ids("<|im_end|>")
 FREE = np.arange(32, 127)  # printable ASCII bytes: no merges with the forced letters below
 
 
-class ForcingConstraint:
+class ForcingConstraint(ConstraintBase):
     """Free printable-ASCII tokens, except `spans` ({output index: forced text}): from that index on, exactly the
     tokens `TOK` spells the text with (single letters from x-z, so no merge with the token before) are allowed,
     one per step, and `forced_text` offers what is left of the span. Ends after `length` tokens."""
+
+    jumps = True
 
     def __init__(self, spans: dict[int, str], length: int):
         self.plan: dict[int, int] = {}
@@ -67,10 +69,12 @@ class ForcingConstraint:
         return len(self.accepted) >= self.length
 
 
-class LooseForcingConstraint:
+class LooseForcingConstraint(ConstraintBase):
     """Free printable-ASCII tokens, except that from output index `start` the text `forced` must come next,
     spelled any way the vocabulary allows: every token whose text is a prefix of what is left is allowed (for
     "hell": "h", "he", "hell"), as a grammar's mask allows. Ends after `length` tokens."""
+
+    jumps = True
 
     TEXTS = [TOK.decode([t]) for t in range(len(TOK))]
 

@@ -18,6 +18,7 @@ from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, FollowerLink,
 
 class RecordingRunner:
     max_context = 64
+    max_step_tokens, max_step_rows, max_verify_tokens, ragged_rows = 256, 4, 16, (4,)
 
     def __init__(self, fail_on: str | None = None) -> None:
         self.calls: list = []
@@ -61,7 +62,9 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     ]
     for rows in steps:
         assert broadcast.run(rows) == "run"
-    assert broadcast.max_context == 64  # anything else is the runner's own
+    assert broadcast.runner is runner  # what the core reads besides the step calls is the runner's own
+    assert (broadcast.max_step_tokens, broadcast.max_step_rows, broadcast.max_verify_tokens,
+            broadcast.ragged_rows) == (256, 4, 16, (4,))
     leader.stop()
     done = threading.Thread(target=follow, args=(replica, follower))
     done.start()
