@@ -72,7 +72,7 @@ def main() -> None:
     values = sampling_values(GenerationRequest([1]))
     rows = [RowInput(slot=i, tokens=[1], start=n - 1, pages=[next(pages) for _ in range(k)], fresh=False,
                      prompt_len=n - 1, count_from=n, samples=True, mask=np.full(runner.mask_words, -1, np.int32),
-                     sampling=(*values[:8], 0, values[8])) for i, (n, k) in enumerate(zip(lengths, per_row, strict=True))]
+                     sampling=values) for i, (n, k) in enumerate(zip(lengths, per_row, strict=True))]
     key = ("decode", args.rows)
     forward_args, sample_args = runner.pack(key, rows)
     # the number of loop iterations this step runs: the plan the step itself builds, evaluated here

@@ -11,8 +11,8 @@ Contract:
 - `StepResult` (`Scheduler.update`): a step's sampled outputs on the host (`sampler.SampleOut`'s fields: tokens,
   logprob, top_ids, top_logprobs, one per sampled position) and `positions`: which of them belong to each row
   of its plan (`positions_of`).
-- `sampling_values(request)`: a request's sampling values as a row carries them (`RowInput.sampling` less the
-  step count); `NEUTRAL_SAMPLING` those of a row that never samples.
+- `SamplingRow`: one row's sampling values by name (`RowInput.sampling`); `sampling_values(request)` a request's;
+  `NEUTRAL_SAMPLING` those of a row that never samples.
 """
 
 from __future__ import annotations
@@ -23,7 +23,24 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-NEUTRAL_SAMPLING = (0.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0, 0, 0, False)  # a row with no sampling values (never samples)
+
+class SamplingRow(NamedTuple):
+    """One row's sampling values, in `sampler.SamplingArrays` field order (the sampler's arrays are these, one
+    per row)."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    repetition: float = 1.0  # 1: off
+    seed: int = 0
+    step: int = 0  # the tokens the row generated so far: where its seeded draws are
+    logprobs: bool = False
+
+
+NEUTRAL_SAMPLING = SamplingRow()  # a row with no sampling values (it never samples)
 
 
 class RowInput(NamedTuple):
@@ -38,7 +55,7 @@ class RowInput(NamedTuple):
     count_from: int  # tokens at positions >= count_from are outputs (counted for the penalties)
     samples: bool  # the token sampled after its last token is the row's next one (counted)
     mask: np.ndarray | None  # int32[W], the bitmask of its next token (None: every token allowed)
-    sampling: tuple  # one value per `SamplingArrays` field
+    sampling: SamplingRow
     feed: bool = False  # tokens[0] is the token last sampled in its slot (still on the device); its value ignored
     drafts: int = 0  # its last `drafts` tokens are drafts: it samples at every token (mask [drafts + 1, W])
     bias: tuple = ()  # its logit bias, (token id, value) pairs (`SamplingParams.logit_bias`)
@@ -118,10 +135,10 @@ def positions_of(key: tuple, rows: Sequence[RowInput]) -> list[range]:
     return out
 
 
-def sampling_values(req: Any) -> tuple:
-    """A request's (`types.GenerationRequest`) `SamplingArrays` values in field order, less `step` (the generated
-    count, added per step before the last, `logprobs`); a request without a seed gets a random one."""
+def sampling_values(req: Any) -> SamplingRow:
+    """A request's (`types.GenerationRequest`) sampling values, `step` 0 (the scheduler sets it per step to the
+    request's generated count); a request without a seed gets a random one."""
     s = req.sampling
     seed = s.seed if s.seed is not None else int.from_bytes(os.urandom(4), "little")
-    return (max(s.temperature, 0.0), s.top_p, s.top_k, s.min_p, s.presence_penalty, s.frequency_penalty,
-            s.repetition_penalty, seed & 0xFFFFFFFF, s.logprobs is not None)
+    return SamplingRow(max(s.temperature, 0.0), s.top_p, s.top_k, s.min_p, s.presence_penalty, s.frequency_penalty,
+                       s.repetition_penalty, seed & 0xFFFFFFFF, 0, s.logprobs is not None)

@@ -248,12 +248,12 @@ class Scheduler:
         if not seq.pending:  # its sampled token, still on the device
             return PlannedRow(seq, RowInput(
                 slot=seq.slot, tokens=[0], start=seq.computed, pages=list(seq.pages), fresh=seq.fresh,
-                prompt_len=len(seq.prompt), count_from=seq.computed + 1, samples=True, mask=None, sampling=(),
+                prompt_len=len(seq.prompt), count_from=seq.computed + 1, samples=True, mask=None, sampling=NEUTRAL_SAMPLING,
                 feed=True), seq.epoch)
         return PlannedRow(seq, RowInput(
             slot=seq.slot, tokens=seq.pending[:take], start=seq.computed, pages=list(seq.pages), fresh=seq.fresh,
             prompt_len=len(seq.prompt), count_from=seq.count_from, samples=take == len(seq.pending), mask=None,
-            sampling=()), seq.epoch)
+            sampling=NEUTRAL_SAMPLING), seq.epoch)
 
     def _launched(self, plan: StepPlan) -> None:
         """The step's forward is on its way: each row's tokens count as computed."""
@@ -274,8 +274,8 @@ class Scheduler:
         mask = None
         if samples and seq.req.constraint is not None:
             mask = seq.draft_masks if row.drafts else seq.mask
-        values = (*seq.sampling[:8], seq.generated, seq.sampling[8]) if seq.sampling else row.sampling
-        return row._replace(samples=samples, mask=mask, sampling=values or NEUTRAL_SAMPLING,
+        values = seq.sampling._replace(step=seq.generated) if seq.sampling else row.sampling
+        return row._replace(samples=samples, mask=mask, sampling=values,
                             bias=seq.req.sampling.logit_bias if samples else ())
 
     def _admit(self, seq: Sequence) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxchat.engine.plan import SamplingRow
 from jaxchat.engine.tokenizer import IncrementalDetokenizer, StopStringMatcher
 from jaxchat.engine.types import GenerationOutput, GenerationRequest
 
@@ -29,7 +30,7 @@ class Sequence:
     mask: np.ndarray  # int32[W], the bitmask of the next sampled token
     detok: IncrementalDetokenizer | None = None
     stops: StopStringMatcher | None = None
-    sampling: tuple = ()  # one value per `SamplingArrays` field but `step` (the generated count)
+    sampling: SamplingRow | None = None  # its sampling values (`plan.sampling_values`), set at its first admission
     slot: int = -1
     pages: list[int] = dataclasses.field(default_factory=list)
     keyed: tuple[int, bytes] | None = None  # the prefix cache's chain over its full pages (`PagePool.register`)

@@ -506,7 +506,7 @@ class StepRunner:
         """Run one step over `rows`; host outputs, one row per input row."""
         self.launch(rows)
         self.sample(rows)
-        return self.fetch(logprobs=any(bool(row.sampling[-1]) for row in rows))
+        return self.fetch(logprobs=any(bool(row.sampling.logprobs) for row in rows))
 
     def launch(self, rows: Sequence[RowInput]) -> tuple:
         """Dispatch the forward of a step over `rows` (not waiting for it); returns its program key."""

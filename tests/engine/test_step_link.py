@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxchat.engine import step_link
-from jaxchat.engine.step import RowInput
+from jaxchat.engine.plan import RowInput, SamplingRow
 from jaxchat.engine.step_link import BroadcastRunner, ClusterLost, FollowerLink, LeaderLink, follow
 
 
@@ -54,7 +54,7 @@ def test_the_follower_replays_every_step_call_in_order_until_stop():
     runner, replica = RecordingRunner(), RecordingRunner()
     broadcast = BroadcastRunner(runner, leader)
     mask = np.full(9, -1, np.int32)
-    values = (0.0, 1.0, 0, 0.0, 0.0, 0.0, 1.0, 7, 0, False)
+    values = SamplingRow(seed=7)
     steps = [
         [RowInput(0, [1, 2, 3], 0, [4], True, 3, 3, True, mask, values)],
         [RowInput(0, [9], 3, [4], False, 3, 4, True, mask, values),
