@@ -42,7 +42,8 @@ def main() -> None:
     from jaxchat.engine import attention_xla, pool_size
     from jaxchat.engine.engine import attention_backend
     from jaxchat.engine.plan import sampling_values
-    from jaxchat.engine.step import RowInput, StepRunner, make_mesh, pack_sample, pack_step
+    from jaxchat.engine.step import RowInput, StepRunner, make_mesh
+    from jaxchat.engine.step_args import pack_sample, pack_step
     from jaxchat.engine.types import GenerationRequest
 
     if args.random_config:

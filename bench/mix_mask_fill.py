@@ -31,7 +31,7 @@ from jaxchat.api import parse_chat_request  # noqa: E402
 from jaxchat.bitmask import mask_words  # noqa: E402
 from jaxchat.chat import chat_format_make  # noqa: E402
 from jaxchat.constrain.constraint import GrammarConstraint  # noqa: E402
-from jaxchat.constrain.engine import GrammarEngine  # noqa: E402
+from jaxchat.constrain.grammar_engine import GrammarEngine  # noqa: E402
 
 VOCAB = 151936  # the default model's logits
 TEXTS = {  # a valid output of each family (greedy-like: what the serve bench's model writes, roughly)

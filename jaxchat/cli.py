@@ -53,6 +53,23 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxchat", description="A JAX-native LLM inference engine with an OpenAI-compatible server.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve_command(sub)
+    chat = sub.add_parser("chat", help="chat in the terminal")
+    _add_model_args(chat)
+    chat.add_argument("--url", default=None, help="talk to a running server instead of loading a model")
+    chat.add_argument("--api-key", default=os.environ.get("JAXCHAT_API_KEY"))
+    chat.add_argument("--tools", default=None, help="a JSON file with OpenAI tool definitions")
+    convert = sub.add_parser("convert", help="convert a checkpoint (HF directory or .gguf) to an orbax checkpoint")
+    convert.add_argument("src")
+    convert.add_argument("dst")
+    convert.add_argument("--dtype", choices=DTYPES, default="auto")
+    convert.add_argument("--quantize", choices=QUANTIZE, default=None, help="store int8 weights and their scales")
+    sub.add_parser("bench", help="list the benchmark scripts under bench/")
+    _add_lower_command(sub)
+    return parser
+
+
+def _add_serve_command(sub) -> None:
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible API")
     _add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
@@ -117,17 +134,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="process 0's address for jax.distributed (the same on every process)")
     cluster.add_argument("--num-processes", type=int, default=None, help="processes in all")
     cluster.add_argument("--process-id", type=int, default=None, help="this process's index; 0 serves HTTP")
-    chat = sub.add_parser("chat", help="chat in the terminal")
-    _add_model_args(chat)
-    chat.add_argument("--url", default=None, help="talk to a running server instead of loading a model")
-    chat.add_argument("--api-key", default=os.environ.get("JAXCHAT_API_KEY"))
-    chat.add_argument("--tools", default=None, help="a JSON file with OpenAI tool definitions")
-    convert = sub.add_parser("convert", help="convert a checkpoint (HF directory or .gguf) to an orbax checkpoint")
-    convert.add_argument("src")
-    convert.add_argument("dst")
-    convert.add_argument("--dtype", choices=DTYPES, default="auto")
-    convert.add_argument("--quantize", choices=QUANTIZE, default=None, help="store int8 weights and their scales")
-    sub.add_parser("bench", help="list the benchmark scripts under bench/")
+
+
+def _add_lower_command(sub) -> None:
     lower = sub.add_parser("lower", help="plan a TPU slice from a model's config and lower every program for it "
                                          "(on fake CPU devices, no TPU, no weights)")
     lower.add_argument("--model", required=True, help="an HF directory or its config.json")
@@ -149,7 +158,6 @@ def _parser() -> argparse.ArgumentParser:
                        help="N replicas over --devices/N chips each (default as serve's on TPU)")
     lower.add_argument("--programs", choices=("all", "largest"), default="all",
                        help="largest: one program of each kind (the most tokens and rows), for a quick check")
-    return parser
 
 
 def _row_counts(text: str) -> tuple[int, ...]:

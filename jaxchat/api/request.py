@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxchat.api.chat_messages import parse_messages
 from jaxchat.api.fields import check_fields
 from jaxchat.api.limits import Limits
-from jaxchat.api.messages import parse_messages
 from jaxchat.chat import ConstraintRequest, chat_constraint_request_from_openai
 from jaxchat.chat.errors import RequestError, expect_bool, expect_int, expect_number, expect_object, got, is_int
 from jaxchat.chat.structured import OutputConstraint, read_output_constraint

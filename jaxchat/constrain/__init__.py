@@ -7,7 +7,7 @@ builds per-request constraints (`make`) that the engine's host loop drives throu
 """
 
 from jaxchat.constrain.constraint import GrammarConstraint, TokenBanConstraint, token_ban_constraint
-from jaxchat.constrain.engine import GrammarEngine, chat_make_constraint
+from jaxchat.constrain.grammar_engine import GrammarEngine, chat_make_constraint
 from jaxchat.constrain.pyargs import argument_list_rules, python_calls_grammar
 from jaxchat.constrain.tags import callable_tools, chat_structural_tag, format_markers, text_markers
 

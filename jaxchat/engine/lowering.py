@@ -41,7 +41,7 @@ import jax
 from jax.sharding import NamedSharding
 
 from jaxchat.engine import attention_tpu, chips, engine, pool_plan, replicas, slice_plan
-from jaxchat.engine.config import MAX_BATCH, MAX_CONTEXT
+from jaxchat.engine.config import MAX_BATCH, MAX_CONTEXT, default_page_size, default_step_tokens
 from jaxchat.engine.step import StepRunner, abstract, make_mesh, pow2_buckets, samples_of
 
 
@@ -160,12 +160,12 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     specs = model.partition_specs(mesh)
     params = abstract(model.params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                                  is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-    page = page_size or (attention_tpu.page_size_for(max_context) if runtime == "tpu" else 16)
+    page = page_size or default_page_size(runtime, max_context)
     chosen, why = (engine.attention_choice(attention, cfg, runtime, devices, dtype) if runtime == "tpu"
                    else ("xla", None if attention == "xla" else "the Pallas kernel is a TPU kernel"))
     backend = engine.attention_backend(attention, cfg, runtime, page, mesh, chip, dtype)
     step_model = model.step_model(params, runtime, layout="unrolled" if chosen == "pallas" else None)
-    step_tokens = min(max_step_tokens or 2048, max_batch * max_context)
+    step_tokens = min(max_step_tokens or default_step_tokens(runtime), max_batch * max_context)
     stacked = step_model.layout == "stacked"
 
     def new_pools(n: int):
@@ -206,7 +206,16 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     if chosen == "pallas":
         report.vmem_bytes = max(kernel_vmem(cfg, dtype, devices, page, chip, k[1],
                                             runner.pages_per_row) for k in keys if k[0] != "sample")
-    for key in keys if programs == "all" else pool_plan.largest_programs(keys):
+    report.rows += lower_programs(runner, keys if programs == "all" else pool_plan.largest_programs(keys), chip,
+                                  platform)
+    return report
+
+
+def lower_programs(runner: StepRunner, keys: list[tuple], chip: chips.Chip, platform: str
+                   ) -> list[tuple[str, str, float]]:
+    """(program, "lowered" or the error, seconds) of lowering each of `keys` for `platform` (TPU: for `chip`)."""
+    rows = []
+    for key in keys:
         t0 = time.perf_counter()
         try:
             with chips.targeting(chip) if platform == "tpu" else contextlib.nullcontext():
@@ -215,8 +224,8 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
         except Exception as exc:  # reported per program: the table says which failed and why
             status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         name = "/".join(str(k) for k in key) if key[0] != "sample" else f"sample/{samples_of(key)}"
-        report.rows.append((name, status, time.perf_counter() - t0))
-    return report
+        rows.append((name, status, time.perf_counter() - t0))
+    return rows
 
 
 def kernel_vmem(cfg: Any, dtype: str, devices: int, page: int, chip: chips.Chip, tokens: int,

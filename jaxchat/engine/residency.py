@@ -1,6 +1,6 @@
 """Which requests hold a slot and KV pages: admission, growth under pressure, prefix keys, release (no JAX).
 
-Contract (`Residency(pool, max_batch, tokens)`, one per scheduler; the scheduler decides *when*, this decides
+Contract (`Residency(pool, max_batch, token_handler)`, one per scheduler; the scheduler decides *when*, this decides
 *what each request holds*):
 - `running` (admission order) hold a slot and pages; `waiting` (a deque, arrival order, preempted requests back
   at its front) hold neither; `free_slots` pop the lowest slot first. These collections are mutated in place,
@@ -32,8 +32,8 @@ from jaxchat.engine.tokens import TokenHandler
 
 
 class Residency:
-    def __init__(self, pool: PagePool, max_batch: int, tokens: TokenHandler) -> None:
-        self.pool, self.tokens = pool, tokens
+    def __init__(self, pool: PagePool, max_batch: int, token_handler: TokenHandler) -> None:
+        self.pool, self.token_handler = pool, token_handler
         self.free_slots = list(range(max_batch))[::-1]  # pop() gives the lowest slot
         self.running: list[Sequence] = []
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -52,7 +52,7 @@ class Residency:
             limit = min(limit, len(seq.prompt) // ps)  # outputs are counted as they are run
         total = self.pool.pages_for(len(tokens))
         if total > self.pool.capacity:
-            self.tokens.finish(seq, "error", error=f"prompt_ids: {len(tokens)} tokens need {total} pages of {ps}; "
+            self.token_handler.finish(seq, "error", error=f"prompt_ids: {len(tokens)} tokens need {total} pages of {ps}; "
                                                    f"the KV pool holds {self.pool.capacity}")
             return True
         matched = self.pool.match(tokens, limit)
@@ -67,7 +67,7 @@ class Residency:
             self.prefix_hit_tokens += seq.computed
         seq.slot, seq.fresh = self.free_slots.pop(), True
         self.running.append(seq)
-        self.tokens.start(seq, recompute=not first)
+        self.token_handler.start(seq, recompute=not first)
         return True
 
     def ensure_pages(self, seq: Sequence, upto: int, rows: list[PlannedRow]) -> bool:
@@ -79,7 +79,7 @@ class Residency:
                 return True
             victim = max((s for s in self.running if not s.finished and s.slot >= 0), key=lambda s: s.arrival)
             if victim is seq and len([s for s in self.running if not s.finished]) == 1:
-                self.tokens.finish(seq, "length")  # alone, and the pool is still too small for it
+                self.token_handler.finish(seq, "length")  # alone, and the pool is still too small for it
                 return False
             self.preempt(victim)
             rows[:] = [row for row in rows if row.seq is not victim]

@@ -71,9 +71,9 @@ class Scheduler:
         self.speculator = Speculator(draft_tokens, shape.max_verify_tokens, shape.max_context, shape.mask_words)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(eos_token_ids)
-        self.tokens = TokenHandler(tokenizer, shape.max_context, jump_forward=jump_forward)
+        self.token_handler = TokenHandler(tokenizer, shape.max_context, jump_forward=jump_forward)
         pool = PagePool(shape.num_pages, shape.page_size, prefix_cache and shape.prefix_reuse, salt)
-        self.residency = Residency(pool, shape.max_batch, self.tokens)  # who holds which slot and pages
+        self.residency = Residency(pool, shape.max_batch, self.token_handler)  # who holds which slot and pages
         # the residency's collections, read and mutated in place here (never rebound)
         self.pool, self.running, self.waiting = pool, self.residency.running, self.residency.waiting
         self.free_slots = self.residency.free_slots
@@ -102,11 +102,11 @@ class Scheduler:
 
     @property
     def generated_tokens(self) -> int:
-        return self.tokens.generated_tokens
+        return self.token_handler.generated_tokens
 
     @property
     def forced_tokens(self) -> int:
-        return self.tokens.forced_tokens
+        return self.token_handler.forced_tokens
 
     @property
     def prefix_hit_tokens(self) -> int:
@@ -163,24 +163,24 @@ class Scheduler:
                 self.speculator.decoded(seq)
                 rows.append((seq, result.out, [own[-1]]))
         if rows:
-            self.tokens.take_all(rows)
+            self.token_handler.take_all(rows)
         self.residency.key_pages(plan.rows)
         self.residency.sweep()
 
     def _apply_aborts(self, ids: set[str]) -> None:
         for seq in [s for s in self.waiting if s.req.request_id in ids]:
             self.waiting.remove(seq)
-            self.tokens.finish(seq, "abort")
+            self.token_handler.finish(seq, "abort")
         for seq in self.running:
             if seq.req.request_id in ids:
-                self.tokens.finish(seq, "abort")
+                self.token_handler.finish(seq, "abort")
         self.residency.sweep()
 
     def fail_all(self, message: str) -> None:
         """End every running and waiting request with an error (a device step itself failed)."""
         self.waiting.extend(self.inbox.take()[0])
         for seq in [*self.running, *self.waiting]:
-            self.tokens.finish(seq, "error", error=message)
+            self.token_handler.finish(seq, "error", error=message)
         self.waiting.clear()
         self.residency.sweep()
         self.pool.reset_cache()  # a failed step may have left any page half written
@@ -282,7 +282,7 @@ class Scheduler:
         """Open the request at the head of the queue (its first admission) and give it a slot and pages
         (`Residency.admit`)."""
         if not seq.started:
-            if not self.tokens.open(seq):
+            if not self.token_handler.open(seq):
                 return True
             self.speculator.start(seq)
         return self.residency.admit(seq)

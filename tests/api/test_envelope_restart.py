@@ -250,7 +250,7 @@ def test_the_restarts_grammar_compiles_beside_the_first_generation_and_off_the_e
     from jaxchat.api.pipeline import ChatPipeline
     from jaxchat.api.request import parse_chat_request
     from jaxchat.assets import template_path
-    from jaxchat.constrain.engine import GrammarEngine
+    from jaxchat.constrain.grammar_engine import GrammarEngine
     from jaxchat.engine.types import GenerationRequest, SamplingParams
 
     engine = TwoActEngine(template_path("Qwen-Qwen2.5-7B-Instruct.jinja").read_text())

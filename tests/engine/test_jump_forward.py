@@ -255,7 +255,7 @@ def test_real_pipeline_named_tool_and_strict_schema():
     try:
         on = ask(service)
         metrics = Metrics(service).render().decode()
-        service.engine.scheduler.tokens.jump_forward = False
+        service.engine.scheduler.token_handler.jump_forward = False
         off = ask(service)
     finally:
         service.close()
