@@ -174,7 +174,7 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
             rates[b] = float(np.median([r[0] for r in runs]))
             decode_rates[b] = float(np.median([r[1] for r in runs]))
             first = runs[0][2] if first is None else first
-        compiles = engine.stats()["compiles_after_warmup"]
+        compiles = engine.stats().compiles_on_request_path
     finally:
         engine.shutdown()
     wbytes = weight_bytes_per_step(model)
@@ -311,7 +311,7 @@ def context_scaling(name: str, model, contexts: list[int], args) -> tuple[str, l
             rates = [run_jaxchat(engine, prompt, args.new_tokens, 1)[1] for _ in range(args.repeats)]
             ms.append(1000.0 / float(np.median(rates)))
             print(f"[{name}] context {c}: decode step {ms[-1]:.2f} ms")
-        assert engine.stats()["compiles_after_warmup"] == 0
+        assert engine.stats().compiles_on_request_path == 0
     finally:
         engine.shutdown()
     return name, ms

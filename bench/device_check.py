@@ -89,10 +89,10 @@ def step_time(engine, rows: int, tokens: int, constrained: bool) -> float:
             async for _ in engine.generate(req):
                 pass
 
-        steps = engine.stats()["steps"]
+        steps = engine.stats().steps
         t0 = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(rows)))
-        return (time.perf_counter() - t0) / max(1, engine.stats()["steps"] - steps)
+        return (time.perf_counter() - t0) / max(1, engine.stats().steps - steps)
 
     return asyncio.run(run())
 

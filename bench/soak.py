@@ -125,7 +125,7 @@ async def run_soak(base: str, service, total: int = 500, warmup: int = 50, concu
     def mark_after_warmup() -> None:
         wait_idle(engine, timeout=30)
         gc.collect()
-        marks.update(rss0=rss_bytes(), compiles0=engine.stats()["compile_count"],
+        marks.update(rss0=rss_bytes(), compiles0=engine.stats().compile_count,
                      cache0=_grammar_cache_size(service), t0=time.monotonic())
 
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
@@ -158,11 +158,11 @@ async def run_soak(base: str, service, total: int = 500, warmup: int = 50, concu
         "rss_after_warmup_mib": marks["rss0"] / 2**20,
         "rss_end_mib": rss1 / 2**20,
         "growth": growth,
-        "compiles_after_warmup": stats["compile_count"] - marks["compiles0"],
+        "compiles_after_warmup": stats.compile_count - marks["compiles0"],
         "grammar_cache": (marks["cache0"], _grammar_cache_size(service)),
         "leaked_slots": leaked_slots(stats),
-        "running": stats["running"],
-        "waiting": stats["waiting"],
+        "running": stats.running,
+        "waiting": stats.waiting,
         "seconds": time.monotonic() - started,
     }
 

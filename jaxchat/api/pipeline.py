@@ -49,7 +49,7 @@ from jaxchat.chat import (
 from jaxchat.chat.detect import is_token_from_vocab
 from jaxchat.chat.stream import new_tool_call_id
 from jaxchat.chat.structured import OutputConstraint
-from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from jaxchat.engine.types import EngineStats, GenerationOutput, GenerationRequest, SamplingParams
 
 __all__ = ["ChatPipeline", "Generated", "PreparedChat", "ServingEngine", "calls_only", "special_tokens"]
 
@@ -68,6 +68,7 @@ class ServingEngine(Protocol):
     model: Any
     tokenizer: Any
     eos_token_ids: tuple[int, ...]
+    max_context: int  # the most tokens a request may hold (prompt + output)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]: ...
 
@@ -75,7 +76,7 @@ class ServingEngine(Protocol):
 
     def prompt_fits(self, tokens: int) -> bool: ...
 
-    def stats(self) -> dict: ...
+    def stats(self) -> EngineStats: ...
 
     def shutdown(self) -> None: ...
 
@@ -122,7 +123,7 @@ class ChatPipeline:
         self.engine = engine
         self.model_id = model_id
         self.tokenizer = engine.tokenizer
-        self.max_context: int = engine.stats()["max_context"]
+        self.max_context: int = engine.max_context
         source = chat_template or engine.model.chat_template or ""
         self.template = ChatTemplate(source, **special_tokens(self.tokenizer)) if source else None
         vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
@@ -375,18 +376,23 @@ class ChatPipeline:
     def stats(self) -> dict:
         s = self.engine.stats()
         return {
-            "running": s["running"],
-            "waiting": s["waiting"],
-            "slots_total": s["max_batch"],
-            "slots_busy": s["max_batch"] - s["free_slots"],
-            "compiles": s["compile_count"],
-            "compile_cache_hits": s.get("compile_cache_hits", 0),
-            "programs_loaded": s.get("programs_loaded", 0),
-            **{k: s[k] for k in ("programs_ready", "programs_total", "compiles_on_request_path") if k in s},
-            "prefix_cache_hit_tokens": s.get("prefix_cache_hit_tokens", 0),
-            "jump_forward_tokens": s.get("jump_forward_tokens", 0),
-            **{k: s[k] for k in ("kv_pages_used", "kv_pages_total", "preemptions", "draft_tokens",
-                                 "draft_accepted_tokens") if k in s},
+            "running": s.running,
+            "waiting": s.waiting,
+            "slots_total": s.max_batch,
+            "slots_busy": s.max_batch - s.free_slots,
+            "compiles": s.compile_count,
+            "compile_cache_hits": s.compile_cache_hits,
+            "programs_loaded": s.programs_loaded,
+            "programs_ready": s.programs_ready,
+            "programs_total": s.programs_total,
+            "compiles_on_request_path": s.compiles_on_request_path,
+            "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+            "jump_forward_tokens": s.jump_forward_tokens,
+            "kv_pages_used": s.kv_pages_used,
+            "kv_pages_total": s.kv_pages_total,
+            "preemptions": s.preemptions,
+            "draft_tokens": s.draft_tokens,
+            "draft_accepted_tokens": s.draft_accepted_tokens,
         }
 
 

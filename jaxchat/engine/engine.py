@@ -67,11 +67,10 @@ Contract:
 - Lifecycle: `shutdown()` (also `close()`, leaving a `with` block, dropping the last reference to the
   engine, and the interpreter's exit: a finaliser) stops the thread and releases the device state and compiled
   programs, then waits for a background compile in hand to end (the background stops there); idempotent.
-- `engine.stats()` -> dict(running, waiting, free_slots, max_batch, max_context, steps, generated_tokens,
-  prefix_cache_hit_tokens, jump_forward_tokens, preemptions, kv_pages_used, kv_pages_total, kv_page_size,
-  compile_count, compiles_after_warmup (= compiles_on_request_path: what the steps themselves compiled),
-  compile_cache_hits, programs_loaded, programs_ready, programs_total) for /metrics; the compile counts are
-  this engine's own (its warm-up, background and steps, `compiles.Tally`), not the process's.
+- `engine.stats()` -> `types.EngineStats` (running, waiting, slots, steps, tokens, prefix hits, preemptions,
+  drafts, pages, compiles, programs) for /metrics and /health; the compile counts are this engine's own (its
+  warm-up, background and steps, `compiles.Tally`), not the process's. `engine.max_context`: the most tokens a
+  request may hold.
 """
 
 from __future__ import annotations
@@ -107,7 +106,7 @@ from jaxchat.engine.plan import SchedulerShape
 from jaxchat.engine.scheduler import Scheduler
 from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets, samples_of
 from jaxchat.engine.step_link import BroadcastRunner, LeaderLink
-from jaxchat.engine.types import GenerationOutput, GenerationRequest
+from jaxchat.engine.types import EngineStats, GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -465,30 +464,19 @@ class Engine:
         pool = self.scheduler.pool
         return pool.pages_for(tokens + 1) <= pool.capacity
 
-    def stats(self) -> dict[str, int]:
-        s = self.scheduler
-        total = self.compiles.compiles
-        return {
-            "running": len(s.running),
-            "waiting": len(s.waiting) + s.inbox_size(),
-            "free_slots": len(s.free_slots),
-            "max_batch": self.runner.max_batch,
-            "max_context": self.runner.max_context,
-            "steps": s.steps,
-            "generated_tokens": s.generated_tokens,
-            "prefix_cache_hit_tokens": s.prefix_hit_tokens,
-            "jump_forward_tokens": s.forced_tokens,
-            "preemptions": s.preemptions,
-            "draft_tokens": s.speculator.drafted,
-            "draft_accepted_tokens": s.speculator.accepted,
-            "kv_pages_used": s.pool.used(),
-            "kv_pages_total": s.pool.capacity,
-            "kv_page_size": s.pool.page_size,
-            "compile_count": total,
-            "compiles_after_warmup": self.request_path.compiles,
-            "compiles_on_request_path": self.request_path.compiles,
-            "programs_ready": self.runner.programs_ready(),
-            "programs_total": len(self.runner.program_keys()),
-            "compile_cache_hits": self.compiles.cache_hits,
-            "programs_loaded": self.runner.executables.loaded if self.runner.executables is not None else 0,
-        }
+    @property
+    def max_context(self) -> int:
+        return self.config.max_context
+
+    def stats(self) -> EngineStats:
+        s, runner = self.scheduler, self.runner
+        return EngineStats(
+            running=len(s.running), waiting=len(s.waiting) + s.inbox_size(), free_slots=len(s.free_slots),
+            max_batch=runner.max_batch, max_context=runner.max_context, steps=s.steps,
+            generated_tokens=s.generated_tokens, prefix_cache_hit_tokens=s.prefix_hit_tokens,
+            jump_forward_tokens=s.forced_tokens, preemptions=s.preemptions, draft_tokens=s.speculator.drafted,
+            draft_accepted_tokens=s.speculator.accepted, kv_pages_used=s.pool.used(),
+            kv_pages_total=s.pool.capacity, kv_page_size=s.pool.page_size, compile_count=self.compiles.compiles,
+            compiles_on_request_path=self.request_path.compiles, programs_ready=runner.programs_ready(),
+            programs_total=len(runner.program_keys()), compile_cache_hits=self.compiles.cache_hits,
+            programs_loaded=runner.executables.loaded if runner.executables is not None else 0)

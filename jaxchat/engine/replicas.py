@@ -39,12 +39,12 @@ import jax
 from jaxchat.engine.config import EngineConfig
 from jaxchat.engine.engine import Engine
 from jaxchat.engine.step import make_mesh
-from jaxchat.engine.types import GenerationOutput, GenerationRequest
+from jaxchat.engine.types import EngineStats, GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
 ONE_CHIP_SHARE = 0.5  # of a chip's HBM: weights within it leave room for a pool of useful size
 _ROUTE: contextvars.ContextVar[_Ticket | None] = contextvars.ContextVar("jaxchat_replica_route", default=None)
-SAME_PER_REPLICA = ("max_context", "kv_page_size")
+SAME_PER_REPLICA = ("max_context", "kv_page_size")  # the rest of `EngineStats` is summed
 
 
 def split_devices(devices: Sequence[Any], n: int) -> list[list[Any]]:
@@ -263,7 +263,11 @@ class Replicas:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def stats(self) -> dict[str, int]:
-        each = [engine.stats() for engine in self.engines]
-        out = {key: sum(s[key] for s in each) for key in each[0] if key not in SAME_PER_REPLICA}
-        return {**out, **{key: each[0][key] for key in SAME_PER_REPLICA}, "replicas": len(self.engines)}
+    @property
+    def max_context(self) -> int:
+        return self.engines[0].max_context
+
+    def stats(self) -> EngineStats:
+        each = [dataclasses.asdict(engine.stats()) for engine in self.engines]
+        summed = {key: sum(s[key] for s in each) for key in each[0] if key not in SAME_PER_REPLICA}
+        return EngineStats(**{**summed, **{key: each[0][key] for key in SAME_PER_REPLICA}, "replicas": len(each)})

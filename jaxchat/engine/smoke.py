@@ -106,7 +106,7 @@ def engine_warmup(devices: Sequence[Any] | None = None, attention: str = "auto",
         tokens = asyncio.run(generate())
         stats = engine.stats()
         return SmokeResult(len(devices), platform, engine.runner.backend.name, len(engine.runner.program_keys()),
-                           ready, tokens, new_tokens, config.vocab_size, stats["compiles_after_warmup"])
+                           ready, tokens, new_tokens, config.vocab_size, stats.compiles_on_request_path)
     finally:
         engine.shutdown()
 

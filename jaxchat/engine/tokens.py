@@ -166,7 +166,7 @@ class TokenHandler:
         """Take the text the grammar forces after `prev` without sampling (see the module docstring): at most
         `max_jump` tokens. May finish the request."""
         c = seq.req.constraint
-        if not self.jump_forward or seq.req.sampling.logprobs is not None or not c.jumps:
+        if not self.jump_forward or seq.req.sampling.logprobs is not None or c is None or not c.jumps:
             return []
         room = min(self.max_jump, seq.req.sampling.max_tokens - seq.generated,
                    self.max_context - 1 - seq.position)
@@ -203,7 +203,7 @@ class TokenHandler:
         dropped (the model samples under the grammar's mask instead)."""
         c = seq.req.constraint
         jumping = self.jump_forward and seq.req.sampling.logprobs is None
-        if jumping or self.tokenizer is None or not c.jumps:
+        if jumping or self.tokenizer is None or c is None or not c.jumps:
             return
         try:
             if plan:

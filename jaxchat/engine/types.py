@@ -1,7 +1,7 @@
 """The engine's public types: what a caller submits and what it gets back.
 
 Contract: callers (the OpenAI layer `jaxchat.api`, benchmarks, tests) talk to the engine only through
-these types and the `Constraint` protocol: token ids, sampling parameters, stop conditions and a
+these types (`EngineStats`: what it reports) and the `Constraint` protocol: token ids, sampling parameters, stop conditions and a
 constraint object. The engine never imports `jaxchat.chat`, `jaxchat.api` or the server.
 """
 
@@ -120,3 +120,33 @@ class GenerationOutput:
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose K/V were reused from an earlier request (prefix reuse)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What an engine (or a front of data-parallel replicas: sums, but `max_context` and `kv_page_size`) reports
+    for `/metrics` and `/health`. The compile counts are the engine's own (its warm-up, background and steps), not
+    the process's; `compiles_on_request_path` counts what the steps themselves compiled (0 once warm)."""
+
+    running: int = 0
+    waiting: int = 0
+    free_slots: int = 0
+    max_batch: int = 0
+    max_context: int = 0
+    steps: int = 0
+    generated_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    jump_forward_tokens: int = 0
+    preemptions: int = 0
+    draft_tokens: int = 0
+    draft_accepted_tokens: int = 0
+    kv_pages_used: int = 0
+    kv_pages_total: int = 0
+    kv_page_size: int = 0
+    compile_count: int = 0
+    compiles_on_request_path: int = 0
+    programs_ready: int = 0
+    programs_total: int = 0
+    compile_cache_hits: int = 0
+    programs_loaded: int = 0
+    replicas: int = 1

@@ -13,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from jaxchat.api import ChatPipeline, ChatService, Sampling, ServingEngine
-from jaxchat.engine.types import GenerationOutput
+from jaxchat.engine.types import EngineStats, GenerationOutput
 from jaxchat.llm import LLM
 from jaxchat.server import ServingBackend, create_app
 from tests.server.helpers import assert_error, sse_events
@@ -44,8 +44,8 @@ class ScriptedEngine:
         self.stopped = False
         self.max_context = 64 if not unknown else 1024
 
-    def stats(self) -> dict:
-        return {"max_context": self.max_context, "running": 0, "waiting": 0, "max_batch": 1, "free_slots": 1, "compile_count": 0}
+    def stats(self) -> EngineStats:
+        return EngineStats(max_context=self.max_context, max_batch=1, free_slots=1)
 
     async def generate(self, request):
         self.prompts.append(list(request.prompt_ids))

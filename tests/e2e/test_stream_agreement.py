@@ -146,5 +146,5 @@ def test_speculative_decoding_gives_the_same_messages_streamed_and_not(services)
         assert plain == want, case
         assert streamed == want, case
     after = spec.engine.stats()
-    assert after["draft_tokens"] > before["draft_tokens"]
-    assert after["draft_accepted_tokens"] > before["draft_accepted_tokens"]
+    assert after.draft_tokens > before.draft_tokens
+    assert after.draft_accepted_tokens > before.draft_accepted_tokens

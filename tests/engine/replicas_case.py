@@ -46,7 +46,7 @@ def main(checkpoint: str, dest: str) -> None:
         assert isinstance(two, replicas.Replicas)
         meshes = [[d.id for d in e.mesh.devices.flat] for e in two.engines]
         parallel = asyncio.run(greedy(two))
-        served = [e.stats()["generated_tokens"] for e in two.engines]
+        served = [e.stats().generated_tokens for e in two.engines]
         loads = two.loads()
     finally:
         two.shutdown()

@@ -104,13 +104,13 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         assert first == [("ragged", 64, 4), ("decode", 4), ("sample", 4)]
         assert engine.core.background is not None and engine.core.background.is_alive()
         stats = engine.stats()
-        assert (stats["programs_ready"], stats["programs_total"]) == (3, len(runner.program_keys()))
+        assert (stats.programs_ready, stats.programs_total) == (3, len(runner.program_keys()))
         keys = launched_keys(engine)
         early = run_all(engine)
         assert early == warm_outputs
         assert set(keys) == {("ragged", 64, 4), ("decode", 4)}  # the long prompt ran in chunks of the ragged one
         assert sum(1 for k in keys if k) > 6
-        assert engine.stats()["compiles_on_request_path"] == 0
+        assert engine.stats().compiles_on_request_path == 0
         assert engine.scheduler.speculator.drafted == 0  # no verify program yet: no drafts
         metrics = prometheus(engine)
         assert re.search(r"^jaxchat_compiles_on_request_path_total 0\.0$", metrics, re.M)
@@ -120,12 +120,12 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         gate.set()
         assert engine.wait_compiled(300)
         stats = engine.stats()
-        assert stats["programs_ready"] == stats["programs_total"] == len(runner.program_keys())
+        assert stats.programs_ready == stats.programs_total == len(runner.program_keys())
         keys.clear()
         later = run_all(engine)
         assert later == warm_outputs
         assert {("decode", 1), ("decode", 2)} & set(keys)  # adopted from the background
-        assert engine.stats()["compiles_on_request_path"] == 0
+        assert engine.stats().compiles_on_request_path == 0
 
 
 def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
@@ -150,14 +150,14 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         runner = engine.runner
         assert runner.selective and engine.core.background is None
         stats = engine.stats()
-        assert stats["programs_ready"] == len(runner.first_keys()) == 3 < stats["programs_total"]
+        assert stats.programs_ready == len(runner.first_keys()) == 3 < stats.programs_total
         assert runner.max_step_tokens == 64 and runner.max_step_rows == 4 and runner.max_verify_tokens == 0
         keys = launched_keys(engine)
         chunked = generate(engine)
         assert chunked == whole
         assert keys == [("ragged", 64, 4)] * -(-len(prompt) // 64) + [("decode", 4)] * 7
         assert engine.request_path.compiles == 0
-        assert engine.stats()["programs_ready"] == 3  # still the first set: nothing compiled behind the steps
+        assert engine.stats().programs_ready == 3  # still the first set: nothing compiled behind the steps
 
 
 def test_shutting_down_stops_the_background_after_the_compile_in_hand(monkeypatch):

@@ -43,9 +43,9 @@ def test_an_engine_counts_its_own_compiles_only():
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     with Engine(FakeModel(tok, eos=(eos,)), max_batch=2, max_context=32, start=False) as a:
         at_ready = a.stats()
-        assert at_ready["compile_count"] > 0 and at_ready["compiles_after_warmup"] == 0
+        assert at_ready.compile_count > 0 and at_ready.compiles_on_request_path == 0
         with Engine(FakeModel(tok, eos=(eos,)), max_batch=2, max_context=32, start=False) as b:
             compile_new_program(6.0)
-            assert b.stats()["compile_count"] > 0
-        assert a.stats()["compile_count"] == at_ready["compile_count"]
-        assert a.stats()["compiles_after_warmup"] == 0
+            assert b.stats().compile_count > 0
+        assert a.stats().compile_count == at_ready.compile_count
+        assert a.stats().compiles_on_request_path == 0

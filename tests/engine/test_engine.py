@@ -141,11 +141,11 @@ def test_abort_frees_the_slot(engine):
     sched.submit(req("long", max_tokens=1000), got.append)
     engine.core.step()
     engine.core.step()
-    assert len(sched.running) == 1 and engine.stats()["free_slots"] == 3
+    assert len(sched.running) == 1 and engine.stats().free_slots == 3
     sched.abort("long")
     engine.core.step()
     assert not sched.running and got[-1].finish_reason == "abort"
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def test_async_generate_and_early_exit(engine):
@@ -163,13 +163,13 @@ def test_async_generate_and_early_exit(engine):
             break
         await agen.aclose()
         for _ in range(200):
-            if engine.stats()["running"] == 0:
+            if engine.stats().running == 0:
                 break
             await asyncio.sleep(0.01)
-        assert engine.stats()["running"] == 0
+        assert engine.stats().running == 0
 
     asyncio.run(main())
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0
 
 
 def test_warmup_runs_the_small_programs_once_and_leaves_no_trace():

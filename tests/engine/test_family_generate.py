@@ -65,14 +65,14 @@ def test_greedy_alone_batched_and_transformers_agree(family, tmp_path):
                 assert gates[after].wait(timeout=120)
             return llm.generate(p, max_tokens=n, ignore_eos=True).token_ids
 
-        steps = engine.stats()["steps"]
+        steps = engine.stats().steps
         with ThreadPoolExecutor(4) as pool:
             joined = [pool.submit(run, *o) for o in others[:1]]
             target = pool.submit(run, prompt, N, 2)
             joined += [pool.submit(run, *o) for o in others[1:]]
             batched = target.result()
             assert [len(j.result()) for j in joined] == [n for _, n, _ in others]
-        steps = engine.stats()["steps"] - steps
+        steps = engine.stats().steps - steps
     finally:
         llm.close()
     assert alone == want

@@ -43,4 +43,4 @@ def test_tiny_gemma4_generate_equals_transformers_alone_and_batched(tmp_path):
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 32))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 32))
     assert alone == want and mixed["p"] == want
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0

@@ -80,8 +80,8 @@ def test_pages_in_use_rise_and_fall_with_the_requests(engines):
     assert all(reason == "length" for _, reason in outs.values())
     one = -(-(30 + 12) // PAGE)  # the first request's pages at its end
     assert max(used) > one  # several requests' pages at once
-    assert used[-1] == 0 and engine.stats()["kv_pages_used"] == 0
-    assert engine.stats()["kv_pages_total"] == 39
+    assert used[-1] == 0 and engine.stats().kv_pages_used == 0
+    assert engine.stats().kv_pages_total == 39
 
 
 def test_two_conversations_hold_one_copy_of_their_system_prompt(engines):
@@ -110,11 +110,11 @@ def test_a_pool_too_small_preempts_and_every_output_is_the_requests_alone(engine
     engine, reference = engines
     # four prompts with nothing in common (nothing cached to share): 4 x 13 pages > 39
     requests = [([(31 * i + 5 * j + 1) % 256 for j in range(27)], 24, 0, 1.0 if i % 2 else 0.0) for i in range(4)]
-    before = engine.stats()["preemptions"]
+    before = engine.stats().preemptions
     outs = run(engine, requests)
-    assert engine.stats()["preemptions"] > before
+    assert engine.stats().preemptions > before
     assert outs == run_alone(reference, requests)
-    assert engine.stats()["kv_pages_used"] == 0
+    assert engine.stats().kv_pages_used == 0
 
 
 prompts = st.one_of(st.lists(st.integers(0, 255), min_size=1, max_size=40),

@@ -74,7 +74,7 @@ def test_tiny_qwen2_isolation_and_transformers_parity(tmp_path):
     mixed = run_plan(engine, isolation_plan(prompt, 20))
     assert mixed["p"] == alone
     assert alone == transformers_greedy(ckpt, prompt, 20)
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0
 
 
 def transformers_greedy(ckpt: Path, prompt: list[int], n: int, suppress=(263,)) -> list[int]:
@@ -105,7 +105,7 @@ def test_tiny_qwen3_moe_llm_continuous_batching_and_transformers_parity(tmp_path
     try:
         alone = llm.generate(prompt, max_tokens=32, ignore_eos=True).token_ids
         engine = llm.service.engine
-        steps = engine.stats()["steps"]
+        steps = engine.stats().steps
         with ThreadPoolExecutor(4) as pool:
             mine = pool.submit(llm.generate, prompt, max_tokens=32, ignore_eos=True)
             others = []
@@ -114,7 +114,7 @@ def test_tiny_qwen3_moe_llm_continuous_batching_and_transformers_parity(tmp_path
                 others.append(pool.submit(llm.generate, other, max_tokens=n, ignore_eos=True))
             mixed = mine.result().token_ids
             assert [len(o.result().token_ids) for o in others] == [12, 20, 6]
-        assert engine.stats()["steps"] - steps < 32 + 12 + 20 + 6  # the requests shared steps
+        assert engine.stats().steps - steps < 32 + 12 + 20 + 6  # the requests shared steps
     finally:
         llm.close()
     assert len(alone) == 32 and mixed == alone
@@ -182,4 +182,4 @@ def test_smollm2_gguf_batch_isolation():
     alone = run_plan(engine, {0: [("submit", greedy("p", prompt, 16))]})["p"]
     mixed = run_plan(engine, isolation_plan(prompt, 16))
     assert mixed["p"] == alone
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jaxchat.engine import replicas
-from jaxchat.engine.types import GenerationOutput, GenerationRequest, SamplingParams
+from jaxchat.engine.types import EngineStats, GenerationOutput, GenerationRequest, SamplingParams
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -53,9 +53,11 @@ class FakeEngine:
     def prompt_fits(self, tokens: int) -> bool:
         return tokens < 100
 
-    def stats(self) -> dict:
-        return {"running": len(self.open), "waiting": 0, "max_batch": 4, "free_slots": 4 - len(self.open),
-                "max_context": 128, "kv_page_size": 16, "steps": 1}
+    max_context = 128
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.open), max_batch=4, free_slots=4 - len(self.open), max_context=128,
+                           kv_page_size=16, steps=1)
 
     def start(self) -> None: ...
 
@@ -72,7 +74,7 @@ def test_requests_go_to_the_least_loaded_replica_and_finished_ones_free_it():
     for rid in "abcde":
         front.submit(_request(rid), lambda out: None)
     assert engines[0].served == ["a", "c", "e"] and engines[1].served == ["b", "d"]  # both serve rows
-    assert front.loads() == [3, 2] and front.stats()["running"] == 5 and front.stats()["max_batch"] == 8
+    assert front.loads() == [3, 2] and front.stats().running == 5 and front.stats().max_batch == 8
     engines[0].finish("a")
     engines[0].finish("c")
     assert front.loads() == [1, 2]
@@ -81,7 +83,7 @@ def test_requests_go_to_the_least_loaded_replica_and_finished_ones_free_it():
     front.abort("d")  # the replica that holds it ends it
     assert "d" not in engines[1].open and front.loads() == [2, 1]
     assert front.prompt_fits(10) and not front.prompt_fits(200)
-    assert front.stats()["max_context"] == 128 and front.stats()["replicas"] == 2
+    assert front.stats().max_context == 128 and front.stats().replicas == 2
 
 
 def test_announced_requests_spread_before_they_reach_an_engine_and_unused_announcements_are_given_back():

@@ -128,7 +128,7 @@ def test_copying_requests_accept_drafts_and_take_fewer_steps(engines):
     assert on.scheduler.speculator.drafted > drafted and on.scheduler.speculator.accepted > accepted
     assert on.scheduler.steps - steps_on < off.scheduler.steps - steps_off
     stats = on.stats()
-    assert stats["draft_tokens"] >= stats["draft_accepted_tokens"] > 0
+    assert stats.draft_tokens >= stats.draft_accepted_tokens > 0
 
 
 def test_a_draft_the_grammar_rejects_midway_is_cut_and_the_output_is_unchanged(engines, monkeypatch):

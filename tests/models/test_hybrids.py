@@ -163,7 +163,7 @@ def test_engine_isolation_generate_parity_and_no_recompiles(family, hybrids):
     with torch.no_grad():
         want = ref_model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
     assert alone == want
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0
 
 
 def test_multimodal_checkpoint_loads_its_text_decoder(tiny_dirs, hybrids, tmp_path):

@@ -106,7 +106,7 @@ def test_engine_isolation_greedy_parity_and_no_recompiles(family, tiny_dirs):
         want = ref_model.generate(torch.tensor([prompt]), max_new_tokens=14, do_sample=False,
                                   pad_token_id=0)[0, len(prompt):].tolist()
     assert len(want) == 14 and alone == want  # (no eos among them: HF would stop there)
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0
 
 
 def test_moe_many_assignments_match_transformers(tiny_dirs):

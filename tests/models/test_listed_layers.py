@@ -113,4 +113,4 @@ def test_engine_runs_a_listed_model_like_the_stacked_one(llama_dir, monkeypatch)
     monkeypatch.setattr(llama_module, "hf_entries", lambda cfg: listed(stacked_table(cfg)))
     engine = Engine(load_model(llama_dir[0]), **shapes, start=False)
     assert run_plan(engine, plan) == stacked
-    assert engine.stats()["compiles_after_warmup"] == 0
+    assert engine.stats().compiles_on_request_path == 0

@@ -116,20 +116,21 @@ def solo(url: str, body: dict) -> StreamResult:
     return asyncio.run(one())
 
 
-def wait_idle(engine, timeout: float = 10.0) -> dict:
+def wait_idle(engine, timeout: float = 10.0):
     """Poll until no request is running or waiting and every slot is free; returns the last stats."""
     deadline = time.monotonic() + timeout
     while True:
         s = engine.stats()
-        if s["running"] == 0 and s["waiting"] == 0 and s["free_slots"] == s["max_batch"]:
+        if s.running == 0 and s.waiting == 0 and s.free_slots == s.max_batch:
             return s
         if time.monotonic() > deadline:
             return s
         time.sleep(0.02)
 
 
-def leaked_slots(stats: dict) -> int:
-    return stats["max_batch"] - stats["free_slots"]
+def leaked_slots(stats) -> int:
+    """Slots an idle engine's `EngineStats` still shows busy."""
+    return stats.max_batch - stats.free_slots
 
 
 def rss_bytes() -> int:

@@ -118,7 +118,7 @@ def test_20_clients_disconnect_mid_stream(real_service, live_real, idle_engine, 
     assert max(step_lag) <= 2, step_lag  # free within two engine steps of the abort
     assert max(time_lag) < 2.0, time_lag
     assert [r.key() for r in stayed] == [r.key() for r in refs] and all(map(completed, stayed))
-    assert stats["running"] == 0 and stats["waiting"] == 0 and leaked_slots(stats) == 0
+    assert stats.running == 0 and stats.waiting == 0 and leaked_slots(stats) == 0
 
 
 # ---- a grammar that rejects a token ------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_nan_logits_for_one_row(real_service, live_real, idle_engine):
                                        "temperature": 0, "stream_options": {"include_usage": True}}, prompt_len)
     others = bystanders(4, 48)
     refs = [solo(live_real.base_url, b) for b in others]
-    steps0 = real_service.engine.stats()["steps"]
+    steps0 = real_service.engine.stats().steps
     results = asyncio.run(run_all(live_real.base_url, [target, *others]))
     stats = wait_idle(real_service.engine)
     res, rest = results[0], results[1:]
@@ -201,7 +201,7 @@ def test_nan_logits_for_one_row(real_service, live_real, idle_engine):
     counts = Counter(sent=len(results), completed=sum(map(completed, results)))
     report("nan row", counts, nan_sampled_tokens=nan_tokens, target_valid=schema_ok(res.content),
            others_equal_solo=sum(r.key() == f.key() for r, f in zip(rest, refs)),
-           steps=stats["steps"] - steps0, leaked_slots=leaked_slots(stats))
+           steps=stats.steps - steps0, leaked_slots=leaked_slots(stats))
     assert res.usage["prompt_tokens"] == prompt_len
     assert nan_tokens >= 5, res.usage  # the row really sampled from NaN logits several times
     assert completed(res) and res.finish_reason == "stop" and schema_ok(res.content), res
@@ -296,5 +296,5 @@ def test_exception_in_one_request_ends_only_that_request(where, real_service, li
     check_error_body(plain.json(), f"{where} plain")
     # the others are unaffected
     assert [r.key() for r in stayed] == [r.key() for r in refs] and all(map(completed, stayed))
-    assert stats["running"] == 0 and leaked_slots(stats) == 0
+    assert stats.running == 0 and leaked_slots(stats) == 0
     assert post_chat(url, {**others[0], "stream": False}).status_code == 200  # still serving

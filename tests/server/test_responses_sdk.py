@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from jaxchat.api import ChatService
-from jaxchat.engine.types import GenerationOutput
+from jaxchat.engine.types import EngineStats, GenerationOutput
 from jaxchat.server import create_app
 from tests.server.conftest import Live
 
@@ -47,8 +47,10 @@ class Engine:
         self.eos_token_ids = (1,)
         self.reply = ("Hello there", "stop")
 
-    def stats(self) -> dict:
-        return {"max_context": 8192, "running": 0, "waiting": 0, "max_batch": 1, "free_slots": 1, "compile_count": 0}
+    max_context = 8192
+
+    def stats(self) -> EngineStats:
+        return EngineStats(max_context=8192, max_batch=1, free_slots=1)
 
     async def generate(self, request):
         text, finish = self.reply
