@@ -200,18 +200,9 @@ class ChatPipeline:
         return prompt_ids
 
     def sampling(self, s: Sampling, prompt_len: int) -> SamplingParams:
-        """The engine's parameters: `max_tokens` within the room the prompt leaves; the format's turn-end
-        markers join the request's stop tokens unless `ignore_eos` asks for an exact length; a `logit_bias` id
-        outside the vocabulary is a 400."""
-        room = self.max_context - prompt_len
+        """The engine's parameters for a request (`engine_sampling`) within the room the prompt leaves."""
         vocab = self.grammar.vocab_size if self.grammar is not None else len(self.tokenizer)
-        for token, _ in s.logit_bias:
-            if token >= vocab:
-                raise RequestError(f"logit_bias.{token}", f"token id {token} is not in the model's vocabulary "
-                                   f"(ids 0..{vocab - 1})")
-        stops = s.stop_token_ids if s.ignore_eos else tuple(dict.fromkeys(s.stop_token_ids + self.stop_token_ids))
-        return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
-                                 "stop_token_ids": stops})
+        return engine_sampling(s, self.max_context - prompt_len, vocab, self.stop_token_ids)
 
     async def compile_grammars(self, constraint: ConstraintRequest, spec: ChatFormatSpec | None = None) -> None:
         """Compile every grammar that checking and constraining a request with `constraint` needs (in the format
@@ -374,26 +365,43 @@ class ChatPipeline:
         self.engine.shutdown()
 
     def stats(self) -> dict:
-        s = self.engine.stats()
-        return {
-            "running": s.running,
-            "waiting": s.waiting,
-            "slots_total": s.max_batch,
-            "slots_busy": s.max_batch - s.free_slots,
-            "compiles": s.compile_count,
-            "compile_cache_hits": s.compile_cache_hits,
-            "programs_loaded": s.programs_loaded,
-            "programs_ready": s.programs_ready,
-            "programs_total": s.programs_total,
-            "compiles_on_request_path": s.compiles_on_request_path,
-            "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
-            "jump_forward_tokens": s.jump_forward_tokens,
-            "kv_pages_used": s.kv_pages_used,
-            "kv_pages_total": s.kv_pages_total,
-            "preemptions": s.preemptions,
-            "draft_tokens": s.draft_tokens,
-            "draft_accepted_tokens": s.draft_accepted_tokens,
-        }
+        return service_stats(self.engine.stats())
+
+
+def engine_sampling(s: Sampling, room: int, vocab: int, turn_ends: tuple[int, ...]) -> SamplingParams:
+    """The engine's parameters: `max_tokens` within `room` (what the context leaves after the prompt); the format's
+    turn-end tokens join the request's stop tokens unless `ignore_eos` asks for an exact length; a `logit_bias` id
+    outside the vocabulary is a 400."""
+    for token, _ in s.logit_bias:
+        if token >= vocab:
+            raise RequestError(f"logit_bias.{token}", f"token id {token} is not in the model's vocabulary "
+                               f"(ids 0..{vocab - 1})")
+    stops = s.stop_token_ids if s.ignore_eos else tuple(dict.fromkeys(s.stop_token_ids + turn_ends))
+    return SamplingParams(**{**asdict(s), "max_tokens": min(s.max_tokens, room) if s.max_tokens else room,
+                             "stop_token_ids": stops})
+
+
+def service_stats(s: EngineStats) -> dict:
+    """The server's gauges (`jaxchat.server.metrics`, `/health`) from the engine's stats."""
+    return {
+        "running": s.running,
+        "waiting": s.waiting,
+        "slots_total": s.max_batch,
+        "slots_busy": s.max_batch - s.free_slots,
+        "compiles": s.compile_count,
+        "compile_cache_hits": s.compile_cache_hits,
+        "programs_loaded": s.programs_loaded,
+        "programs_ready": s.programs_ready,
+        "programs_total": s.programs_total,
+        "compiles_on_request_path": s.compiles_on_request_path,
+        "prefix_cache_hit_tokens": s.prefix_cache_hit_tokens,
+        "jump_forward_tokens": s.jump_forward_tokens,
+        "kv_pages_used": s.kv_pages_used,
+        "kv_pages_total": s.kv_pages_total,
+        "preemptions": s.preemptions,
+        "draft_tokens": s.draft_tokens,
+        "draft_accepted_tokens": s.draft_accepted_tokens,
+    }
 
 
 def _text(token) -> str:

@@ -73,28 +73,37 @@ class GrammarTimeout(RuntimeError):
     """A grammar took longer than the engine's `compile_timeout_s` to compile."""
 
 
+def tokenizer_info(tokenizer, vocab_size: int | None, stop_token_ids) -> tuple[xgr.TokenizerInfo, list[int], list[int]]:
+    """(xgrammar's tokenizer info padded to `vocab_size` (default: the tokenizer's), the stop ids (default: the
+    tokenizer's eos), the stop ids xgrammar is told of: those that are no text marker a format writes)."""
+    kind, default_stops, n_tok = _vocab_and_eos(tokenizer)
+    vocab_size = int(vocab_size or n_tok)
+    decoded: list[bytes] = []
+    if kind == "bytes":
+        for i in range(n_tok):
+            try:
+                decoded.append(tokenizer.decode_single_token_bytes(i))
+            except (KeyError, ValueError, RuntimeError):  # holes in the id space decode to nothing
+                decoded.append(b"")
+
+    def text_of(i: int) -> str:
+        if kind == "bytes":
+            return decoded[i].decode("utf-8", "replace") if 0 <= i < len(decoded) else ""
+        return tokenizer.convert_ids_to_tokens(i) or ""
+
+    stops = [int(s) for s in (stop_token_ids if stop_token_ids is not None else default_stops)]
+    kept = [s for s in stops if text_of(s) not in _ALL_TEXT_MARKERS] or stops[:1]
+    if kind == "hf":
+        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=kept), stops, kept
+    return xgr.TokenizerInfo(decoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=kept), stops, kept
+
+
 class GrammarEngine:
     def __init__(self, tokenizer, vocab_size: int | None = None, stop_token_ids=None, max_threads: int = 2,
                  cache_size: int = 256, compile_timeout_s: float = 30.0):
         t0 = time.perf_counter()
-        kind, default_stops, n_tok = _vocab_and_eos(tokenizer)
-        self.vocab_size = int(vocab_size or n_tok)
-        if kind == "bytes":
-            vocab = []
-            for i in range(n_tok):
-                try:
-                    vocab.append(tokenizer.decode_single_token_bytes(i))
-                except (KeyError, ValueError, RuntimeError):  # holes in the id space decode to nothing
-                    vocab.append(b"")
-            self._decoded = vocab
-        stops = [int(s) for s in (stop_token_ids if stop_token_ids is not None else default_stops)]
-        text_of = self._text_of_factory(tokenizer, kind)
-        kept = [s for s in stops if text_of(s) not in _ALL_TEXT_MARKERS] or stops[:1]
-        if kind == "hf":
-            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=kept)
-        else:
-            info = xgr.TokenizerInfo(self._decoded, xgr.VocabType.RAW, vocab_size=self.vocab_size,
-                                     stop_token_ids=kept)
+        info, stops, kept = tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self.vocab_size = info.vocab_size
         self.tokenizer_info = info
         self.stop_token_ids = tuple(stops)
         self.xgr_stop_token_ids = tuple(kept)
@@ -109,11 +118,6 @@ class GrammarEngine:
         self._token_ids: dict[bytes, int] | None = None
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         log.info("Grammar engine ready in %d ms", round(self.ready_ms))
-
-    def _text_of_factory(self, tokenizer, kind):
-        if kind == "bytes":
-            return lambda i: self._decoded[i].decode("utf-8", "replace") if 0 <= i < len(self._decoded) else ""
-        return lambda i: tokenizer.convert_ids_to_tokens(i) or ""
 
     # -- vocabulary -------------------------------------------------------------------------------
 
