@@ -149,7 +149,7 @@ def check(name: str, make_model, args, batches: list[int], constrained_rows: int
     devices = jax.devices()[:chips]
     t0 = time.perf_counter()
     engine = Engine(model, max_batch=max(batches), max_context=max_context, mesh=make_mesh(devices),
-                    attention=attention, **engine_options)
+                    attention=attention, **{"programs": "all", "speculative": "off", **engine_options})
     ready = time.perf_counter() - t0
     bw, source = bandwidth(devices[0])
     if devices[0].platform != "cpu" and chips > 1:  # each chip reads its share of the weights: all chips' bandwidth

@@ -156,12 +156,12 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
         def close(self):
             seen["closed"] = True
 
-    def build(*args, **kwargs):
+    def build(model, config, **kwargs):
         seen["enabled"] = jax.config.jax_enable_compilation_cache
         seen["dir"] = jax.config.jax_compilation_cache_dir
-        seen["prefix_cache"] = kwargs["prefix_cache"]
-        seen["executables"] = kwargs["executable_cache"]
-        seen["jump_forward"] = kwargs["jump_forward"]
+        seen["prefix_cache"] = config.prefix_cache
+        seen["executables"] = config.executable_cache
+        seen["jump_forward"] = config.jump_forward
         return Service()
 
     monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path / "assets"))
@@ -186,13 +186,13 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
     if enabled:
         expected = tmp_path / ("explicit" if "--compile-cache" in flags else "env-cache")  # the environment's directory is kept
         assert seen["dir"] == str(expected) and expected.is_dir()
-        assert seen["executables"] == expected / "executables"  # serialized programs live beside XLA's cache
+        assert seen["executables"] == str(expected / "executables")  # serialized programs live beside XLA's cache
     else:
         assert seen["executables"] is None
     if not flags:  # jaxchat.LLM() keeps its programs in the store a plain `jaxchat serve` uses
         llm_kwargs = {}
 
-        def build_for_llm(model, **kwargs):
+        def build_for_llm(model, config=None, **kwargs):
             llm_kwargs.update(kwargs)
             raise RuntimeError("stop after the arguments")
 
@@ -201,7 +201,7 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
         monkeypatch.setattr(jaxchat.llm, "build_chat_service", build_for_llm)
         with pytest.raises(RuntimeError, match="stop after the arguments"):
             jaxchat.llm.LLM(max_batch=2, max_context=512)
-        assert llm_kwargs["executable_cache"] == seen["executables"]
+        assert str(llm_kwargs["executable_cache"]) == seen["executables"]
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--compile-cache", "x", "--no-compile-cache"])
     assert exc.value.code == 2

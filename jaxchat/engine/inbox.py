@@ -1,7 +1,7 @@
 """What other threads hand the scheduler: submitted requests and aborts, taken at the start of each plan.
 
 Contract: `put(seq)` and `abort(request_id)` may be called from any thread; `size()` (thread-safe) is how many
-submitted requests wait to be taken, `busy()` whether a request or an abort waits; `take()` (the engine thread)
+submitted requests wait to be taken (`request_ids()`: theirs), `busy()` whether a request or an abort waits; `take()` (the engine thread)
 returns the requests submitted and the request ids aborted since the last `take()`, in order.
 """
 
@@ -29,6 +29,11 @@ class Inbox:
     def size(self) -> int:
         with self._lock:
             return len(self._seqs)
+
+    def request_ids(self) -> list[str]:
+        """The ids of the submitted requests not taken yet (thread-safe)."""
+        with self._lock:
+            return [seq.req.request_id for seq in self._seqs]
 
     def busy(self) -> bool:
         with self._lock:

@@ -93,7 +93,7 @@ def engine_warmup(devices: Sequence[Any] | None = None, attention: str = "auto",
     model = random_model(config, "float32" if platform == "cpu" else "bfloat16")
     t0 = time.perf_counter()
     engine = Engine(model, max_batch=1, max_context=256, mesh=make_mesh(devices), step_token_buckets=(64,),
-                    attention=attention, prefix_cache=False, burst_gap_s=0)
+                    attention=attention, prefix_cache=False, burst_gap_s=0, programs="all", speculative="off")
     ready = time.perf_counter() - t0
     try:
         async def generate() -> list[int]:

@@ -84,7 +84,7 @@ def prometheus(engine: Engine) -> str:
 @pytest.fixture(scope="module")
 def warm_outputs():
     """What a fully warmed engine (every program compiled before it serves) answers."""
-    with Engine(FakeModel(TOK, eos=(EOS,)), **SHAPES) as engine:
+    with Engine(FakeModel(TOK, eos=(EOS,)), programs="all", **SHAPES) as engine:
         assert engine.runner.programs_ready() == len(engine.runner.program_keys())
         return run_all(engine)
 
@@ -142,7 +142,7 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
             engine.core.step()
         return out
 
-    with Engine(FakeModel(TOK, eos=(EOS,)), start=False, **SHAPES) as full:
+    with Engine(FakeModel(TOK, eos=(EOS,)), start=False, programs="all", **SHAPES) as full:
         keys = launched_keys(full)
         whole = generate(full)
         assert ("ragged", 256, 4) in keys and ("decode", 1) in keys

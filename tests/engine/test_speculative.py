@@ -69,9 +69,10 @@ def test_draft_length_grows_shrinks_and_pauses():
 def engines():
     from jaxchat.constrain import GrammarEngine
 
-    shapes = {"max_batch": 4, "max_context": 128, "max_step_tokens": 64, "start": False}
+    # every program compiled up front (the verify step too: under the test run's first set alone no row drafts)
+    shapes = {"max_batch": 4, "max_context": 128, "max_step_tokens": 64, "start": False, "programs": "all"}
     on = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, speculative="ngram", draft_tokens=5)
-    off = Engine(FakeModel(TOK, eos=(EOS,)), **shapes)
+    off = Engine(FakeModel(TOK, eos=(EOS,)), **shapes, speculative="off")
     grammar = GrammarEngine(TOK, vocab_size=320, stop_token_ids=[EOS])
     yield on, off, grammar
     on.shutdown()
@@ -195,7 +196,7 @@ def test_sampling_with_drafts_follows_the_models_distribution(engines, monkeypat
     model.params["head"] = model.params["head"] * 0.3  # flatter logits: several likely tokens at each position
     shapes = {"max_batch": 4, "max_context": 64, "step_token_buckets": (16,), "decode_rows": (4,), "start": False,
               "warmup": False}
-    on, off = Engine(model, **shapes, speculative="ngram", draft_tokens=2), Engine(model, **shapes)
+    on, off = Engine(model, **shapes, speculative="ngram", draft_tokens=2), Engine(model, **shapes, speculative="off")
     prompt, n = "abcabcabcabcabc", 600
 
     def outputs(engine, first_seed):

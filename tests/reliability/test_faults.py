@@ -76,7 +76,7 @@ def test_20_clients_disconnect_mid_stream(real_service, live_real, idle_engine, 
     def watch() -> None:  # when does each aborted request leave the slots and the queues?
         while not stop.is_set():
             live = {s.req.request_id for s in list(sched.running) if not s.finished}
-            live |= {s.req.request_id for s in list(sched.waiting) + list(sched._inbox)}
+            live |= {s.req.request_id for s in list(sched.waiting)} | set(sched.inbox.request_ids())
             for rid in list(aborted):
                 if rid not in live and rid not in freed:
                     freed[rid] = (sched.steps, time.monotonic())
