@@ -70,6 +70,7 @@ from jaxchat.bitmask import mask_words
 from jaxchat.engine.compile_level import step_compiler_options
 from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.plan import RowInput
+from jaxchat.engine.program_catalogue import ProgramCatalogue
 from jaxchat.engine.sampler import SampleOut, sample
 from jaxchat.engine.step_args import (
     SampleArgs,
@@ -77,7 +78,6 @@ from jaxchat.engine.step_args import (
     forward_args,
     pack_sample,
     pack_step,
-    rows_of,
     sample_args,
     samples_of,
     unpack_sample,
@@ -214,18 +214,14 @@ class StepRunner:
         self.backend, self.page_size, self.num_pages = backend, backend.page_size, num_pages
         self.pages_per_row = -(-max_context // self.page_size)
         self.prefix_reuse = model.prefix_reuse
-        self.token_buckets = tuple(sorted(set(token_buckets)))
-        self.decode_rows = tuple(sorted({min(int(b), max_batch) for b in decode_rows}))
-        rows = ragged_rows if model.prefix_reuse else (1,)
-        self.ragged_rows = tuple(sorted({min(int(b), max_batch) for b in rows}))
-        self.verify_buckets = tuple(sorted(set(verify_buckets))) if model.prefix_reuse else ()
+        self.catalogue = ProgramCatalogue(token_buckets, decode_rows, ragged_rows, verify_buckets, max_batch,
+                                          model.prefix_reuse)
+        c = self.catalogue
+        self.token_buckets, self.decode_rows, self.ragged_rows = c.token_buckets, c.decode_rows, c.ragged_rows
+        self.verify_buckets = c.verify_buckets
         self.mesh, self.layout, self.executables = mesh, model.layout, executables
         self._compiled: dict[tuple, Any] = {}
-        # True: a step runs only programs already compiled (`adopt`), chunked into them when its own is not
-        # ready; False: any program, compiled at its first call if `warmup` did not
-        self.selective = False
         self.released = False
-        self._usable: dict[str, tuple] = {}  # with `selective`: the compiled forwards of each kind
         rep = NamedSharding(mesh, P())
         params = model.params
         if model.vocab_major_head is not None and max(self.decode_rows + self.ragged_rows) > 1:
@@ -264,34 +260,28 @@ class StepRunner:
             fn = functools.partial(forward_step, forward=forward, uniform=uniform, shape=self._shape(key))
             self._programs[key] = jax.jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
                                           out_shardings=(state_sh, rep), compiler_options=self._options_of(key) or None)
-        self._every = {kind: tuple(k for k in self.program_keys() if k[0] == kind)
-                       for kind in ("decode", "ragged", "verify")}
         self._ones: dict[int, jax.Array] = {}  # the all-ones bitmask of each row count, on the device
         self._launched: tuple[tuple, int] | None = None  # the last launch's program key and row count
         self._logits: jax.Array | None = None
         self._out: tuple[SampleOut, int] | None = None  # the last sample's device outputs and row count
         self.mask_transfers = 0  # samples that sent a bitmask from the host
 
-    # ---- shapes ---------------------------------------------------------------------------------------
+    # ---- programs (`program_catalogue.ProgramCatalogue`) -----------------------------------------------
     def program_keys(self) -> list[tuple]:
-        """Every program: the forward of each step shape, then the sampler of each row count."""
-        keys: list[tuple] = [("decode", r) for r in self.decode_rows]
-        keys += [("ragged", t, r) for t in self.token_buckets for r in self.ragged_rows if r <= t]
-        keys += [("verify", t, r) for t in self.verify_buckets for r in self.ragged_rows if r <= t]
-        keys += [("sample", n) for n in sorted({samples_of(k) for k in keys})]
-        return keys
+        return self.catalogue.program_keys()
 
     def first_keys(self) -> list[tuple]:
-        """The few programs that serve any request at a fair speed (`selective` steps chunk into them): one
-        ragged program of a middle token bucket (the smallest above it that holds `max_batch` rows, if any) over
-        as many rows as it holds (models with recurrent layers: one row), the largest decode step (so decoding
-        rows do not each pay a prompt chunk's width), and their samplers."""
-        buckets = self.token_buckets
-        middle = buckets[len(buckets) // 2]
-        t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
-        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t)),
-                             ("decode", self.decode_rows[-1])]
-        return keys + [("sample", n) for n in sorted({samples_of(k) for k in keys})]
+        return self.catalogue.first_keys()
+
+    @property
+    def selective(self) -> bool:
+        """True: a step runs only programs already compiled (`adopt`), chunked into them when its own is not
+        ready; False: any program, compiled at its first call if `warmup` did not."""
+        return self.catalogue.selective
+
+    @selective.setter
+    def selective(self, value: bool) -> None:
+        self.catalogue.selective = value
 
     def adopt(self, key: tuple, compiled: Any) -> None:
         """Make compiled program `key` one the steps may run (from any thread; a released runner ignores it). One
@@ -300,13 +290,7 @@ class StepRunner:
         if self.released:
             return
         self._compiled[key] = compiled
-        ready = [k for k in self.program_keys() if k[0] != "sample" and k in self._compiled
-                 and ("sample", samples_of(k)) in self._compiled]
-        self._usable = {kind: tuple(k for k in ready if k[0] == kind) for kind in ("decode", "ragged", "verify")}
-
-    def _ready(self, kind: str) -> tuple:
-        """The forward programs of `kind` a step may run, in `program_keys` order."""
-        return self._usable.get(kind, ()) if self.selective else self._every[kind]
+        self.catalogue.ready(key)
 
     def programs_ready(self) -> int:
         """How many programs are compiled (or loaded)."""
@@ -314,43 +298,18 @@ class StepRunner:
 
     @property
     def max_step_tokens(self) -> int:
-        """The most tokens a step may run now: with `selective`, those of the largest ragged program compiled so
-        far over `max_step_rows` rows, so that any step within both limits has a program."""
-        if not self.selective:
-            return self.token_buckets[-1]
-        rows = self.max_step_rows if self.prefix_reuse else 1
-        return max((k[1] for k in self._ready("ragged") if k[2] >= rows), default=0)
+        return self.catalogue.max_step_tokens
 
     @property
     def max_step_rows(self) -> int:
-        """The most rows a step may run now: `max_batch`, or with `selective` the most rows of a ragged program
-        compiled so far (models with recurrent layers: of a decode step)."""
-        if not self.selective:
-            return self.max_batch
-        kind = "ragged" if self.prefix_reuse else "decode"
-        return max((rows_of(k) for k in self._ready(kind)), default=0)
+        return self.catalogue.max_step_rows
 
     @property
     def max_verify_tokens(self) -> int:
-        """The most tokens a step with drafts may run now (0: no verify programs, or none compiled yet): with
-        `selective`, a verify program compiled so far that holds as many rows as the speculator lets such a
-        step have (a quarter of its tokens, within `max_step_rows`)."""
-        if not self.selective:
-            return max((k[1] for k in self._every["verify"]), default=0)
-        cap = self.max_step_rows
-        return max((k[1] for k in self._ready("verify") if k[2] >= min(k[1] // 4, cap)), default=0)
+        return self.catalogue.max_verify_tokens
 
     def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> tuple | None:
-        """The program for a step of `n_rows` rows running `n_tokens` tokens in all (None: none fits); `verify`: a
-        step with drafts (logits at every token). The smallest that fits, among the compiled ones if
-        `selective`."""
-        if verify:
-            return next((k for k in self._ready("verify") if n_tokens <= k[1] and n_rows <= k[2]), None)
-        if n_rows == n_tokens:
-            decode = next((k for k in self._ready("decode") if n_rows <= k[1]), None)
-            if decode is not None:
-                return decode
-        return next((k for k in self._ready("ragged") if n_tokens <= k[1] and n_rows <= k[2]), None)
+        return self.catalogue.shape_for(n_rows, n_tokens, verify)
 
     def _shape(self, key: tuple) -> tuple[int, int, int, int]:
         """(tokens, rows, pages per row, logits positions) of a forward program."""
