@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "jaxchat"
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_exit"}
 
+MAX_CLASS_LINES, MAX_FUNCTION_LINES = 250, 80
+
 # The engine's probes of objects that are not the project's: (module, the probed object as written) -> what it is
 FOREIGN_PROBES = {
     ("chips.py", "device"): "a jax.Device (CPU devices have no TPU kind)",
@@ -109,6 +111,23 @@ def test_the_engine_probes_only_foreign_objects():
                        "list a foreign object in FOREIGN_PROBES):\n" + "\n".join(found))
 
 
+def oversized(path: Path) -> list[str]:
+    """`file:line: name (n lines)` for each class over `MAX_CLASS_LINES` and function over `MAX_FUNCTION_LINES`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        limit = (MAX_CLASS_LINES if isinstance(node, ast.ClassDef)
+                 else MAX_FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if limit is not None and node.end_lineno - node.lineno + 1 > limit:
+            out.append(f"{_label(path)}:{node.lineno}: {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+def test_no_class_or_function_is_oversized():
+    found = [o for path in _modules(PACKAGE) for o in oversized(path)]
+    assert not found, (f"over {MAX_CLASS_LINES} lines a class, {MAX_FUNCTION_LINES} a function (split its jobs):\n"
+                       + "\n".join(found))
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     """Each check flags a planted offence and passes the allowed forms."""
     src = tmp_path / "mod.py"
@@ -131,3 +150,7 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert sorted(uses) == ["from jaxchat.api.pipeline import _hidden", "other._theirs"]
     assert [p.split(": ", 1)[1] for p in attribute_probes(src)] == [
         "hasattr(service, 'x')", "getattr(service, 'y', None)"]
+    big = tmp_path / "big.py"
+    big.write_text("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES + "def long():\n" + "    y = 1\n" * MAX_FUNCTION_LINES)
+    assert [o.split(": ", 1)[1] for o in oversized(big)] == [f"Big ({MAX_CLASS_LINES + 1} lines)",
+                                                            f"long ({MAX_FUNCTION_LINES + 1} lines)"]
