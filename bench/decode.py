@@ -162,8 +162,9 @@ def bench_model(name: str, model, path, args, bw: float) -> None:
         prompt = list(range(100, 130))
     batches = [int(b) for b in args.batches.split(",")]
     t = time.perf_counter()
+    # plain decode: every program compiled before timing, no drafts (engine.config's defaults would add both)
     engine = Engine(model, max_batch=max(batches), max_context=context_for(len(prompt) + args.new_tokens + 1),
-                    step_token_buckets=(64, 256))
+                    step_token_buckets=(64, 256), programs="all", speculative="off")
     print(f"[{name}] prompt {len(prompt)} tokens; engine ready (warm-up compile) in {time.perf_counter() - t:.1f}s")
     rates, decode_rates = {}, {}
     try:
@@ -300,7 +301,8 @@ def context_scaling(name: str, model, contexts: list[int], args) -> tuple[str, l
     from jaxchat.engine.engine import Engine
 
     t = time.perf_counter()
-    engine = Engine(model, max_batch=1, max_context=context_for(max(contexts) + args.new_tokens + 1))
+    engine = Engine(model, max_batch=1, max_context=context_for(max(contexts) + args.new_tokens + 1), programs="all",
+                    speculative="off")
     print(f"[{name}] engine ready (warm-up compile) in {time.perf_counter() - t:.1f}s")
     rng = np.random.default_rng(0)
     ms = []

@@ -193,7 +193,8 @@ def measure(rows_list, steps: int, device_ms: float, loops: list[bool | None]) -
     for overlap in loops:
         extra = {} if overlap is None else {"overlap": overlap}
         engine = Engine(model, max_batch=top, max_context=256, start=False, num_pages=16 * top + 1, page_size=16,
-                        decode_rows=tuple(sorted(set(rows_list))), step_token_buckets=(4 * top,), **extra)
+                        decode_rows=tuple(sorted(set(rows_list))), step_token_buckets=(4 * top,), programs="all",
+                        speculative="off", **extra)
         for delay in sorted({0.0, device_ms}):
             with DeviceClock(engine.runner, delay) if delay > 0 else contextlib.nullcontext():
                 for rows in rows_list:

@@ -129,8 +129,8 @@ def main() -> None:
     from jaxchat.engine.compile_cache import enable_compile_cache
 
     cache = enable_compile_cache()
-    service = build_chat_service(args.model, max_batch=1, max_context=args.max_context,
-                                 executable_cache=cache / "executables")
+    service = build_chat_service(args.model, max_batch=1, max_context=args.max_context, programs="all",
+                                 speculative="off", executable_cache=cache / "executables")
     results, lines = {}, []
     try:
         for name, bodies in request_sets(args.prompts).items():

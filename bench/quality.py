@@ -84,7 +84,7 @@ def greedy_outputs(model, prompts: list[list[int]], new_tokens: int) -> list[lis
         context *= 2
     n = len(prompts)
     engine = Engine(model, max_batch=n, max_context=context, start=False, decode_rows=(n,),
-                    step_token_buckets=(context // 2,))
+                    step_token_buckets=(context // 2,), programs="all", speculative="off")
     try:
         outs: list[list[int]] = [[] for _ in prompts]
         for i, p in enumerate(prompts):
