@@ -7,7 +7,8 @@ a TypeError otherwise) returns a Starlette app with
 `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (the Responses API) and
 `POST /v1/messages` (the Anthropic Messages API, answered by the service's `messages` /
 `messages_stream`, with Anthropic error bodies and no `[DONE]`; each of these two is a 404 when the service's
-`supports_responses` / `supports_messages` is false) (JSON, or SSE with `stream: true`),
+`supports_responses` / `supports_messages` is false) (JSON, or SSE with `stream: true`): one table,
+`routes.WIRE_ROUTES`, and one handler for them all;
 `GET /v1/models`, `GET /health` (`{"status": "ok"}`, with `programs_ready` / `programs_total` when the service's
 stats have them: the server listens once the engine's first programs are ready, the others compile in the
 background) and `GET /metrics` (Prometheus text). Every request body goes
@@ -37,24 +38,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from jaxchat.api import (
-    Limits,
-    messages_error_json,
-    parse_chat_request,
-    parse_completion_request,
-    parse_messages_request,
-    parse_responses_request,
-)
+from jaxchat.api import Limits, messages_error_json
 from jaxchat.server.body import read_json_object
 from jaxchat.server.errors import ApiError, error_for_exception
 from jaxchat.server.metrics import CONTENT_TYPE, Metrics
 from jaxchat.server.protocol import ServingBackend
+from jaxchat.server.routes import ANTHROPIC_ROUTE, WIRE_ROUTES, WireRoute
 from jaxchat.server.sse import ClientGone, Drain, SSEStream, run_until_gone
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("jaxchat.server")
-ANTHROPIC_ROUTE = "/v1/messages"
 
 
 class _Api:
@@ -159,30 +153,17 @@ class _Api:
         return JSONResponse(result)
 
     # ---- routes ----------------------------------------------------------------------------------
-    async def chat(self, request: Request, started: float) -> Response:
-        svc = self.service
-        return await self.generate(
-            request, started, parse_chat_request, svc.chat_completion, svc.chat_completion_stream
-        )
+    def wire(self, route: WireRoute) -> Callable[[Request, float], Awaitable[Response]]:
+        """The handler of a generation route (`routes.WIRE_ROUTES`)."""
+        sse = {"done": False, "error_shape": _anthropic_error} if route.anthropic else {}
 
-    async def completions(self, request: Request, started: float) -> Response:
-        svc = self.service
-        return await self.generate(request, started, parse_completion_request, svc.completion,
-                                   svc.completion_stream)
+        async def handler(request: Request, started: float) -> Response:
+            svc = self.service
+            if not route.supported(svc):
+                raise ApiError(404, f"this server's service does not implement the {route.api}")
+            return await self.generate(request, started, route.read, route.answer(svc), route.stream(svc), **sse)
 
-    async def responses(self, request: Request, started: float) -> Response:
-        svc = self.service
-        if not svc.supports_responses:
-            raise ApiError(404, "this server's service does not implement the Responses API")
-        return await self.generate(request, started, parse_responses_request, svc.response, svc.response_stream)
-
-    async def messages(self, request: Request, started: float) -> Response:
-        """The Anthropic Messages API: its errors are Anthropic's, its stream ends without `[DONE]`."""
-        svc = self.service
-        if not svc.supports_messages:
-            raise ApiError(404, "this server's service does not implement the Messages API")
-        return await self.generate(request, started, parse_messages_request, svc.messages, svc.messages_stream,
-                                   done=False, error_shape=_anthropic_error)
+        return handler
 
     async def models(self, request: Request, started: float) -> Response:
         card = {
@@ -215,11 +196,9 @@ def create_app(service: ServingBackend, api_key: str | None = None, limits: Limi
     if not isinstance(service, ServingBackend):
         raise TypeError(f"{type(service).__name__} does not implement jaxchat.server.ServingBackend")
     api = _Api(service, api_key, limits or Limits())
-    routes = [
-        Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
-        Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
-        Route("/v1/responses", api.endpoint(api.responses), methods=["POST"]),
-        Route(ANTHROPIC_ROUTE, api.endpoint(api.messages, error_shape=_anthropic_error), methods=["POST"]),
+    routes = [Route(route.path, api.endpoint(api.wire(route), error_shape=_anthropic_error if route.anthropic
+                                             else ApiError.body), methods=["POST"]) for route in WIRE_ROUTES]
+    routes += [
         Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
         Route("/health", api.endpoint(api.health, public=True), methods=["GET"]),
         Route("/metrics", api.endpoint(api.prometheus), methods=["GET"]),

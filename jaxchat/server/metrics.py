@@ -34,12 +34,13 @@ import re
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from jaxchat.server.routes import PATHS
+
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
 log = logging.getLogger("jaxchat.server")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health",
-          "/metrics")
+ROUTES = PATHS  # labelled by path; any other path is "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 _KNOWN_STATS = {
