@@ -260,7 +260,6 @@ class Engine:
         self.config = c = (config or EngineConfig()).replace(**settings).resolve(platform, jax.process_count())
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
-        self.programs = c.programs
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
@@ -338,8 +337,8 @@ class Engine:
         and a log line of how many were compiled and how many loaded."""
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
         store, runner = self.runner.executables, self.runner
-        first_set = self.programs != "all" and self.core.background is None and not runner.selective
-        background = first_set and self.programs == "background"
+        first_set = self.config.programs != "all" and self.core.background is None and not runner.selective
+        background = first_set and self.config.programs == "background"
         keys = runner.first_keys() if first_set else runner.program_keys()
         _compile_with_progress(runner, keys, self.warmup_seconds)
         runner.selective = runner.selective or first_set  # from now on, steps keep to the compiled programs
