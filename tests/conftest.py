@@ -7,10 +7,44 @@ import os
 
 import pytest
 
-# JAXCHAT_FAST_COMPILE_BELOW (jaxchat/engine/compile_level.py) is left unset: measured on this machine, tiny
-# models' programs at XLA's lowest level made tests/e2e/test_truncation.py 94-96 s -> 114-116 s (slower code
-# outweighs faster compiles) and the compile-bound family-formats + stream-agreement files 81 s either way.
-# docs/testing.md has the figures; set the variable to try it again.
+# Tiny models' step programs compile with XLA's fast-compile options (JAXCHAT_FAST_COMPILE_BELOW,
+# jaxchat/engine/compile_level.py) in the files listed here only: model and engine tests whose engines run a few
+# dozen tokens, where compiling is most of the time (a tiny engine's first set: 3.2 s -> 1.7 s of compiling; the
+# 8-device expert-parallel test 55 s -> 41 s). Elsewhere it stays off: the unoptimised code runs some 2-5x
+# slower (a tiny chat model's 192 tokens 0.6 s -> 1.2 s), and the end-to-end files, which generate more, lost
+# (tests/e2e/test_truncation.py 94-96 s -> 114-116 s). Models of FAST_COMPILE_PARAMS parameters or more (the
+# default model, SmolLM2-135M) compile as users get them wherever they run. tests/test_fast_compile_paths.py
+# fails when an entry names nothing.
+FAST_COMPILE_PARAMS = 50_000_000
+FAST_COMPILE_PATHS = (
+    "tests/models/",
+    "tests/engine/test_engine.py",
+    "tests/engine/test_pool_plan.py",
+    "tests/engine/test_paged_engine.py",
+    "tests/engine/test_attention_backends.py",
+    "tests/engine/test_attention_tpu.py",
+    "tests/engine/test_gemma4_model.py",
+    "tests/engine/test_overlap.py",
+    "tests/engine/test_replicas.py",
+    "tests/engine/test_jump_forward.py",
+    "tests/engine/test_prefix_cache.py",
+    "tests/engine/test_family_generate.py",
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fast_compile_for_listed_files(request):
+    """Set JAXCHAT_FAST_COMPILE_BELOW for the module's engines (and the processes its tests start) when the
+    module is one of FAST_COMPILE_PATHS; autouse, so it is in place before the module's own fixtures build them."""
+    from jaxchat.engine.compile_level import FAST_COMPILE_ENV
+
+    if not request.node.nodeid.startswith(FAST_COMPILE_PATHS):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FAST_COMPILE_ENV, str(FAST_COMPILE_PARAMS))
+        yield
+
 
 # `jaxchat serve` and `jaxchat.LLM()` started by the tests (servers, notebooks' kernels: they inherit this) compile
 # their first set of programs only (jaxchat/engine/program_set.py): the default "background" would go on

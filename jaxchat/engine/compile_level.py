@@ -2,7 +2,7 @@
 
 Contract: `step_compiler_options(params)` returns `{}` (XLA's defaults, what users get) unless the environment
 variable `JAXCHAT_FAST_COMPILE_BELOW` holds a parameter count and the model's params (a pytree of arrays)
-hold fewer elements than that: then the lowest backend optimisation level, which roughly halves compile time
+hold fewer elements than that: then the lowest backend optimisation level and XLA:CPU's loop emitters (`FAST_COMPILE_OPTIONS`), which roughly halves compile time
 on XLA:CPU for a tiny model (and slows its programs' runs). Meant for test runs of tiny checkpoints only; the
 default model (about 5e8 parameters) stays above any sensible threshold. A value that is not a number is a clear
 error. The step runner applies the options to its forward programs, not to its samplers.
@@ -17,7 +17,10 @@ import jax
 import numpy as np
 
 FAST_COMPILE_ENV = "JAXCHAT_FAST_COMPILE_BELOW"
-FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0}
+# The lowest backend level, and XLA:CPU's loop emitters in place of its newer fusion emitters: a tiny model's
+# forward compiled in 0.57 s instead of 1.09 s at level 0 alone (1.58 s with the defaults), same numbers, same
+# run time as level 0 (measured on this 2-core machine, a 3-layer Qwen3 of hidden size 64).
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def fast_compile_threshold() -> int:

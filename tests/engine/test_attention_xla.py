@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxchat.engine.attention_xla import XlaAttention
+from jaxchat.engine.compile_level import FAST_COMPILE_OPTIONS
 from jaxchat.models.kv import StepInputs
 
 PAGE, KVH, HEADS, D, PAGES_PER_ROW = 4, 2, 4, 8, 8
@@ -84,7 +85,7 @@ def attend_fn(backend: XlaAttention, uniform, window, softcap, with_sinks: bool,
         return attention.attend(pool, 1 if stacked else None, q, k, v, scale=0.3, window=window, softcap=softcap,
                                 sinks=sinks if with_sinks else None)
 
-    return jax.jit(run)
+    return jax.jit(run, compiler_options=FAST_COMPILE_OPTIONS)  # many small programs: compiling dominates
 
 
 def check(runs, *, uniform=None, window=None, softcap=None, sinks=None, stacked=False, backend=None, seed=0):

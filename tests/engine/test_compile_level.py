@@ -71,3 +71,29 @@ def test_an_engine_on_a_tiny_model_picks_the_fast_level(monkeypatch):
         assert engine.runner.compiler_options == {}
     finally:
         engine.shutdown()
+
+
+def test_the_test_runs_fast_compile_list_names_existing_paths_and_reaches_their_engines():
+    """tests/conftest.py's FAST_COMPILE_PATHS: every entry names a test file or folder; a module not listed (this
+    one) runs without the switch, and a listed module's engines see it (tests/engine/test_engine.py checks its own)."""
+    from pathlib import Path
+
+    from tests import conftest
+
+    root = Path(__file__).resolve().parents[2]
+    missing = [p for p in conftest.FAST_COMPILE_PATHS if not (root / p).exists()]
+    assert not missing, f"FAST_COMPILE_PATHS names paths that do not exist: {missing}"
+    assert "tests/engine/test_compile_level.py" not in conftest.FAST_COMPILE_PATHS
+    import os
+
+    assert FAST_COMPILE_ENV not in os.environ
+    assert conftest.FAST_COMPILE_PARAMS < DEFAULT_MODEL_PARAMS / 5  # the default model (and a 135M one) never
+
+
+def test_model_tests_paged_rows_compile_tiny_models_fast_and_real_ones_as_users_do():
+    from types import SimpleNamespace
+
+    from tests.models import paged
+
+    assert paged.compiler_options(SimpleNamespace(params={"w": np.zeros((64, 64))})) == FAST_COMPILE_OPTIONS
+    assert paged.compiler_options(SimpleNamespace(params={"w": _Shaped(DEFAULT_MODEL_PARAMS)})) == {}

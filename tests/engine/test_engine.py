@@ -24,6 +24,17 @@ def engine():
     e.shutdown()
 
 
+def test_this_files_tiny_engines_compile_with_the_fast_options(engine):
+    """tests/conftest.py lists this file in FAST_COMPILE_PATHS: its module fixtures' engines see the switch."""
+    import os
+
+    from jaxchat.engine.compile_level import FAST_COMPILE_ENV, FAST_COMPILE_OPTIONS
+    from tests.conftest import FAST_COMPILE_PARAMS
+
+    assert os.environ.get(FAST_COMPILE_ENV) == str(FAST_COMPILE_PARAMS)
+    assert engine.runner.compiler_options == FAST_COMPILE_OPTIONS
+
+
 def run_sync(engine, plan):
     """Drive the scheduler by hand. plan: {step_index: [("submit", req) | ("abort", id)]}; returns outputs."""
     outs: dict[str, list] = {}

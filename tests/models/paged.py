@@ -22,11 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxchat.engine.attention_xla import XlaAttention
+from jaxchat.engine.compile_level import FAST_COMPILE_OPTIONS, param_count
 from jaxchat.models.kv import StepInputs
 
-# The programs here are tiny and run a few times each: compiling them at XLA's lowest backend optimisation
-# level halves the compile time that dominates model tests (the ops, and so the numbers checked, are the same).
-jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0})
+# A tiny model's programs here run a few times each: compiled with the engine's fast-compile options (XLA's
+# lowest backend level, XLA:CPU's loop emitters) their compile time, most of a model test's, drops to about a
+# half (tests/models/test_parity.py alone, cold: 181 s -> 105 s; the ops, and so the numbers checked, are the
+# same). A real checkpoint's run the other way: its unoptimised steps cost more than the compile saves
+# (tests/models/test_real_weights.py 105 s -> 78 s with XLA's defaults), so it compiles as users get it.
+TINY_PARAMS = 50_000_000
+
+
+def compiler_options(lm) -> dict:
+    return dict(FAST_COMPILE_OPTIONS) if param_count(lm.params) < TINY_PARAMS else {}
 
 
 _JITS: dict[tuple, tuple] = {}
@@ -40,7 +48,9 @@ def _jitted(lm, backend, layout: str, backend_key: tuple) -> tuple:
     if found is not None and found[0] is lm:
         return found[1]
     forward = functools.partial(lm.forward, backend=backend, layout=layout)
-    pair = (jit(forward, static_argnames=("uniform",)), jit(forward))
+    options = compiler_options(lm)
+    pair = (jax.jit(forward, static_argnames=("uniform",), compiler_options=options),
+            jax.jit(forward, compiler_options=options))
     _JITS[key] = (lm, pair)
     return pair
 
