@@ -116,10 +116,6 @@ def attentions(config, platform: str, chips: int, dtype: str) -> tuple[list[str]
     return (["xla", "pallas"], None) if chosen == "pallas" else (["xla"], why)
 
 
-def program_name(key: tuple) -> str:
-    return "/".join(str(k) for k in key)
-
-
 def memory_lines(devices) -> list[str]:
     """Each chip's `memory_stats()` (in use, peak, limit), or one line saying the platform reports none."""
     gib, out = 1 << 30, []
@@ -158,7 +154,7 @@ def check(name: str, make_model, args, batches: list[int], constrained_rows: int
           f"attention {engine.runner.backend.name}, ready in {ready:.0f} s ==")
     times = engine.warmup_seconds
     print(textwrap.fill(f"compile (s), {len(times)} programs, {sum(times.values()):.1f} s in all: "
-                        + ", ".join(f"{program_name(k)} {s:.2f}" for k, s in times.items()), 118,
+                        + ", ".join(f"{k.name} {s:.2f}" for k, s in times.items()), 118,
                         subsequent_indent="  "))
     for line in memory_lines(devices):
         print(line)

@@ -42,6 +42,7 @@ def main() -> None:
     from jaxchat.engine import attention_xla, pool_size
     from jaxchat.engine.engine import attention_backend
     from jaxchat.engine.plan import sampling_values
+    from jaxchat.engine.program_key import ProgramKey
     from jaxchat.engine.step import RowInput, StepRunner, make_mesh
     from jaxchat.engine.step_args import pack_sample, pack_step
     from jaxchat.engine.types import GenerationRequest
@@ -74,7 +75,7 @@ def main() -> None:
     rows = [RowInput(slot=i, tokens=[1], start=n - 1, pages=[next(pages) for _ in range(k)], fresh=False,
                      prompt_len=n - 1, count_from=n, samples=True, mask=np.full(runner.mask_words, -1, np.int32),
                      sampling=values) for i, (n, k) in enumerate(zip(lengths, per_row, strict=True))]
-    key = ("decode", args.rows)
+    key = ProgramKey.decode(args.rows)
     forward_args, sample_args = runner.pack(key, rows)
     # the number of loop iterations this step runs: the plan the step itself builds, evaluated here
     blocks = attention_xla.decode_blocks(jax.tree.map(jnp.asarray, forward_args.step))
@@ -94,7 +95,7 @@ def main() -> None:
     forward = accessed(runner._programs[key], runner.params, runner.state, pack_step(forward_args))
     logits = jax.ShapeDtypeStruct((args.rows, model.config.vocab_size), jnp.float32)
     ints, floats = pack_sample(sample_args)
-    sample = accessed(runner._programs[("sample", args.rows)], runner.state, logits, ints, floats,
+    sample = accessed(runner._programs[ProgramKey.sample(args.rows)], runner.state, logits, ints, floats,
                       sample_args.bitmask)
     params, head_vd = runner.params, runner.params.get("head_vd")
     nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))

@@ -29,6 +29,7 @@ FAST_COMPILE_PATHS = (
     "tests/engine/test_jump_forward.py",
     "tests/engine/test_prefix_cache.py",
     "tests/engine/test_family_generate.py",
+    "tests/engine/test_real_model.py",  # its tiny checkpoints (SmolLM2-135M's programs stay as users get them)
     "tests/e2e/test_family_formats.py",  # one short constrained reply per family: alone, cold, 62 s -> 50 s
 )
 

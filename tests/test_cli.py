@@ -146,6 +146,7 @@ def test_serve_compile_cache_flags(flags, enabled, tmp_path, monkeypatch):
 
     import jaxchat.api
     import jaxchat.engine.host_memory as host_memory
+    import jaxchat.llm  # noqa: F401  (imported by name there: first imported under the patch below, it would keep the stub)
     import jaxchat.server.run
 
     seen = {}

@@ -103,8 +103,9 @@ from jaxchat.engine.core import EngineCore
 from jaxchat.engine.executables import ExecutableStore, program_identity
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.plan import SchedulerShape
+from jaxchat.engine.program_key import ProgramKey
 from jaxchat.engine.scheduler import Scheduler
-from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets, samples_of
+from jaxchat.engine.step import StepRunner, make_mesh, mesh_platform, pow2_buckets
 from jaxchat.engine.step_link import BroadcastRunner, LeaderLink
 from jaxchat.engine.types import EngineStats, GenerationOutput, GenerationRequest
 
@@ -180,15 +181,13 @@ def attention_backend(name: str, config: Any, platform: str, page_size: int, mes
                                          chip=chip)
 
 
-def background_order(keys: Sequence[tuple]) -> list[tuple]:
+def background_order(keys: Sequence[ProgramKey]) -> list[ProgramKey]:
     """The order the background compiles go in: each forward right after its sampler (a forward is usable once
     both are), in `program_keys` order (decode steps, ragged, verify)."""
-    out: list[tuple] = []
+    out: list[ProgramKey] = []
     for key in keys:
-        if key[0] == "sample":
-            continue
-        sampler = ("sample", samples_of(key))
-        out += [k for k in (sampler, key) if k not in out]
+        if not key.is_sampler:
+            out += [k for k in (key.sampler(), key) if k not in out]
     return out + [k for k in keys if k not in out]
 
 
@@ -196,7 +195,7 @@ BACKGROUND_NICE = 19  # the background compiles' thread (and the compiler thread
 BACKGROUND_YIELD_S = 5.0  # the longest a background compile waits for the engine to be idle
 
 
-def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, seconds: dict,
+def _compile_in_background(runner: StepRunner, keys: list[ProgramKey], tally: Tally, seconds: dict,
                            busy: Callable[[], bool] = lambda: False) -> None:
     """Compile (or load) `keys` one after the other, each adopted by the runner as it is ready (the engine thread
     runs it from its next step on), at the lowest CPU priority (`BACKGROUND_NICE`, where the OS sets it per
@@ -232,7 +231,7 @@ def _compile_in_background(runner: StepRunner, keys: list[tuple], tally: Tally, 
              time.perf_counter() - t0, runner.programs_ready(), len(runner.program_keys()))
 
 
-def _compile_with_progress(runner: StepRunner, keys: list[tuple], seconds: dict) -> None:
+def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: dict) -> None:
     """`runner.warmup(keys)` under a progress bar; `seconds[key]`: how long each program took."""
     from tqdm import tqdm
 

@@ -42,7 +42,8 @@ from jax.sharding import NamedSharding
 
 from jaxchat.engine import attention_tpu, chips, engine, pool_plan, replicas, slice_plan
 from jaxchat.engine.config import MAX_BATCH, MAX_CONTEXT, default_page_size, default_step_tokens
-from jaxchat.engine.step import StepRunner, abstract, make_mesh, pow2_buckets, samples_of
+from jaxchat.engine.program_key import ProgramKey
+from jaxchat.engine.step import StepRunner, abstract, make_mesh, pow2_buckets
 
 
 def ensure_devices(n: int) -> bool:
@@ -204,14 +205,14 @@ def lower_slice(path: str | Path, chip_name: str, devices: int, *, max_batch: in
     keys = runner.program_keys()
     report.total_programs = len(keys)
     if chosen == "pallas":
-        report.vmem_bytes = max(kernel_vmem(cfg, dtype, devices, page, chip, k[1],
-                                            runner.pages_per_row) for k in keys if k[0] != "sample")
+        report.vmem_bytes = max(kernel_vmem(cfg, dtype, devices, page, chip, k.tokens,
+                                            runner.pages_per_row) for k in keys if not k.is_sampler)
     report.rows += lower_programs(runner, keys if programs == "all" else pool_plan.largest_programs(keys), chip,
                                   platform)
     return report
 
 
-def lower_programs(runner: StepRunner, keys: list[tuple], chip: chips.Chip, platform: str
+def lower_programs(runner: StepRunner, keys: list[ProgramKey], chip: chips.Chip, platform: str
                    ) -> list[tuple[str, str, float]]:
     """(program, "lowered" or the error, seconds) of lowering each of `keys` for `platform` (TPU: for `chip`)."""
     rows = []
@@ -223,8 +224,7 @@ def lower_programs(runner: StepRunner, keys: list[tuple], chip: chips.Chip, plat
             status = "lowered"
         except Exception as exc:  # reported per program: the table says which failed and why
             status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-        name = "/".join(str(k) for k in key) if key[0] != "sample" else f"sample/{samples_of(key)}"
-        rows.append((name, status, time.perf_counter() - t0))
+        rows.append((key.name, status, time.perf_counter() - t0))
     return rows
 
 

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxchat.engine.program_key import ProgramKey
+
 
 class SamplingRow(NamedTuple):
     """One row's sampling values, in `sampler.SamplingArrays` field order (the sampler's arrays are these, one
@@ -71,7 +73,7 @@ class StepPlan(NamedTuple):
     """What one step runs: its rows in order (each a request and its `RowInput`)."""
 
     rows: list[PlannedRow]
-    key: tuple = ()  # the forward program it ran (set at launch)
+    key: ProgramKey | None = None  # the forward program it ran (set at launch)
 
     @property
     def tokens(self) -> int:
@@ -114,7 +116,7 @@ class SchedulerShape(NamedTuple):
     @classmethod
     def of(cls, runner: Any) -> SchedulerShape:
         return cls(runner.max_batch, runner.max_context, runner.num_pages, runner.page_size, runner.mask_words,
-                   runner.prefix_reuse, max((k[1] for k in runner.program_keys() if k[0] == "verify"), default=0))
+                   runner.prefix_reuse, max((k.tokens for k in runner.program_keys() if k.kind == "verify"), default=0))
 
 
 class StepResult(NamedTuple):
@@ -124,9 +126,9 @@ class StepResult(NamedTuple):
     positions: list[range]
 
 
-def positions_of(key: tuple, rows: Sequence[RowInput]) -> list[range]:
+def positions_of(key: ProgramKey | None, rows: Sequence[RowInput]) -> list[range]:
     """Which sampled positions belong to each row: its own index, or, in a verify step, one per token."""
-    if not key or key[0] != "verify":
+    if key is None or key.kind != "verify":
         return [range(i, i + 1) for i in range(len(rows))]
     out, at = [], 0
     for row in rows:

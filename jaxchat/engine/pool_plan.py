@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 from jaxchat.engine import slice_plan
+from jaxchat.engine.program_key import ProgramKey
 from jaxchat.engine.step import StepRunner, abstract, mesh_platform, pool_shardings
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,11 @@ def page_bytes(new_pools: Callable[[int], Any], mesh: Any, stacked: bool, pool_h
     return per_page, max(one - int(per_page * 2 * devices), 0)
 
 
-def largest_programs(keys: list[tuple]) -> list[tuple]:
+def largest_programs(keys: list[ProgramKey]) -> list[ProgramKey]:
     """One program of each kind: the one of the most tokens and rows."""
-    out: dict[str, tuple] = {}
+    out: dict[str, ProgramKey] = {}
     for key in keys:
-        out[key[0]] = max(out.get(key[0], key), key)
+        out[key.kind] = max(out.get(key.kind, key), key)
     return list(out.values())
 
 

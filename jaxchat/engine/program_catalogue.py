@@ -1,9 +1,9 @@
 """Which step programs a runner has, which are ready, and which one a step runs (no JAX).
 
 Contract (`ProgramCatalogue(token_buckets, decode_rows, ragged_rows, verify_buckets, max_batch, prefix_reuse)`, one
-per `step.StepRunner`; keys as `step_args` names them):
-- `program_keys()`: every program: ("decode", R) for R in `decode_rows`, ("ragged", T, R) for T in `token_buckets`
-  and R in `ragged_rows` (R <= T), ("verify", T, R) likewise, then ("sample", N) for each sampler width they need.
+per `step.StepRunner`; keys are `program_key.ProgramKey`s):
+- `program_keys()`: every program: decode R for R in `decode_rows`, ragged T x R for T in `token_buckets` and R
+  in `ragged_rows` (R <= T), verify T x R likewise, then a sampler for each sampler width they need.
   A model with recurrent layers (`prefix_reuse` False) has ragged programs of one row and no verify programs.
 - `first_keys()`: the few programs that serve any request at a fair speed: one ragged program of a middle token
   bucket (the smallest above it that holds `max_batch` rows, if any) over as many rows as it holds, the largest
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxchat.engine.step_args import rows_of, samples_of
-
-FORWARD_KINDS = ("decode", "ragged", "verify")
+from jaxchat.engine.program_key import FORWARD_KINDS, ProgramKey
 
 
 class ProgramCatalogue:
@@ -34,30 +32,28 @@ class ProgramCatalogue:
         self.ragged_rows = tuple(sorted({min(int(b), max_batch) for b in rows}))
         self.verify_buckets = tuple(sorted(set(verify_buckets))) if prefix_reuse else ()
         self.selective = False
-        self._ready_keys: set[tuple] = set()
+        self._ready_keys: set[ProgramKey] = set()
         self._usable: dict[str, tuple] = {}  # with `selective`: the ready forwards of each kind
-        self._every = {kind: tuple(k for k in self.program_keys() if k[0] == kind) for kind in FORWARD_KINDS}
+        self._every = {kind: tuple(k for k in self.program_keys() if k.kind == kind) for kind in FORWARD_KINDS}
 
-    def program_keys(self) -> list[tuple]:
-        keys: list[tuple] = [("decode", r) for r in self.decode_rows]
-        keys += [("ragged", t, r) for t in self.token_buckets for r in self.ragged_rows if r <= t]
-        keys += [("verify", t, r) for t in self.verify_buckets for r in self.ragged_rows if r <= t]
-        keys += [("sample", n) for n in sorted({samples_of(k) for k in keys})]
-        return keys
+    def program_keys(self) -> list[ProgramKey]:
+        keys = [ProgramKey.decode(r) for r in self.decode_rows]
+        keys += [ProgramKey.ragged(t, r) for t in self.token_buckets for r in self.ragged_rows if r <= t]
+        keys += [ProgramKey.verify(t, r) for t in self.verify_buckets for r in self.ragged_rows if r <= t]
+        return keys + [ProgramKey.sample(n) for n in sorted({k.samples for k in keys})]
 
-    def first_keys(self) -> list[tuple]:
+    def first_keys(self) -> list[ProgramKey]:
         buckets = self.token_buckets
         middle = buckets[len(buckets) // 2]
         t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
-        keys: list[tuple] = [("ragged", t, max(r for r in self.ragged_rows if r <= t)),
-                             ("decode", self.decode_rows[-1])]
-        return keys + [("sample", n) for n in sorted({samples_of(k) for k in keys})]
+        keys = [ProgramKey.ragged(t, max(r for r in self.ragged_rows if r <= t)), ProgramKey.decode(self.decode_rows[-1])]
+        return keys + [ProgramKey.sample(n) for n in sorted({k.samples for k in keys})]
 
-    def ready(self, key: tuple) -> None:
+    def ready(self, key: ProgramKey) -> None:
         self._ready_keys.add(key)
-        usable = [k for k in self.program_keys() if k[0] != "sample" and k in self._ready_keys
-                  and ("sample", samples_of(k)) in self._ready_keys]
-        self._usable = {kind: tuple(k for k in usable if k[0] == kind) for kind in FORWARD_KINDS}
+        usable = [k for k in self.program_keys() if not k.is_sampler and k in self._ready_keys
+                  and k.sampler() in self._ready_keys]
+        self._usable = {kind: tuple(k for k in usable if k.kind == kind) for kind in FORWARD_KINDS}
 
     def _forwards(self, kind: str) -> tuple:
         """The forward programs of `kind` a step may run, in `program_keys` order."""
@@ -69,7 +65,7 @@ class ProgramCatalogue:
         if not self.selective:
             return self.token_buckets[-1]
         rows = self.max_step_rows if self.prefix_reuse else 1
-        return max((k[1] for k in self._forwards("ragged") if k[2] >= rows), default=0)
+        return max((k.tokens for k in self._forwards("ragged") if k.rows >= rows), default=0)
 
     @property
     def max_step_rows(self) -> int:
@@ -78,7 +74,7 @@ class ProgramCatalogue:
         if not self.selective:
             return self.max_batch
         kind = "ragged" if self.prefix_reuse else "decode"
-        return max((rows_of(k) for k in self._forwards(kind)), default=0)
+        return max((k.rows for k in self._forwards(kind)), default=0)
 
     @property
     def max_verify_tokens(self) -> int:
@@ -86,15 +82,15 @@ class ProgramCatalogue:
         ready verify program that holds as many rows as the speculator lets such a step have (a quarter of its
         tokens, within `max_step_rows`)."""
         if not self.selective:
-            return max((k[1] for k in self._every["verify"]), default=0)
+            return max((k.tokens for k in self._every["verify"]), default=0)
         cap = self.max_step_rows
-        return max((k[1] for k in self._forwards("verify") if k[2] >= min(k[1] // 4, cap)), default=0)
+        return max((k.tokens for k in self._forwards("verify") if k.rows >= min(k.tokens // 4, cap)), default=0)
 
-    def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> tuple | None:
+    def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> ProgramKey | None:
         if verify:
-            return next((k for k in self._forwards("verify") if n_tokens <= k[1] and n_rows <= k[2]), None)
+            return next((k for k in self._forwards("verify") if n_tokens <= k.tokens and n_rows <= k.rows), None)
         if n_rows == n_tokens:
-            decode = next((k for k in self._forwards("decode") if n_rows <= k[1]), None)
+            decode = next((k for k in self._forwards("decode") if n_rows <= k.rows), None)
             if decode is not None:
                 return decode
-        return next((k for k in self._forwards("ragged") if n_tokens <= k[1] and n_rows <= k[2]), None)
+        return next((k for k in self._forwards("ragged") if n_tokens <= k.tokens and n_rows <= k.rows), None)

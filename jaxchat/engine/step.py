@@ -28,9 +28,9 @@ Contract:
   which no row has a mask passes an all-ones bitmask kept on the device (no mask is transferred;
   `mask_transfers` counts the steps that sent one).
 - Programs, all compiled by `warmup()` (lowered for exactly the arguments a call passes; after it no call
-  compiles): forwards ("decode", R) where every row runs one token (T = R, R in `decode_rows`) and
-  ("ragged", T, R) for any other step (T in `token_buckets`, R in `ragged_rows`, R <= T), and one sampler
-  ("sample", R) per row count, which every forward of R rows shares. A model with recurrent layers
+  compiles): forwards `ProgramKey.decode(R)` where every row runs one token (R in `decode_rows`) and
+  `ProgramKey.ragged(T, R)` for any other step (T in `token_buckets`, R in `ragged_rows`, R <= T), and one
+  sampler `ProgramKey.sample(R)` per row count, which every forward of R rows shares. A model with recurrent layers
   (`StepModel.prefix_reuse` False) has ragged programs of one row only (`ragged_rows` (1,)): the scheduler
   gives it decode steps and one-row chunks. `program_keys()` lists them; `shape_for(rows)` picks a forward.
 - On CPU a `LoadedModel` describes the "unrolled" layout (per-layer weights and pools, the layer loop
@@ -71,6 +71,7 @@ from jaxchat.engine.compile_level import step_compiler_options
 from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.plan import RowInput
 from jaxchat.engine.program_catalogue import ProgramCatalogue
+from jaxchat.engine.program_key import ProgramKey
 from jaxchat.engine.sampler import SampleOut, sample
 from jaxchat.engine.step_args import (
     SampleArgs,
@@ -79,7 +80,6 @@ from jaxchat.engine.step_args import (
     pack_sample,
     pack_step,
     sample_args,
-    samples_of,
     unpack_sample,
     unpack_step,
 )
@@ -220,7 +220,7 @@ class StepRunner:
         self.token_buckets, self.decode_rows, self.ragged_rows = c.token_buckets, c.decode_rows, c.ragged_rows
         self.verify_buckets = c.verify_buckets
         self.mesh, self.layout, self.executables = mesh, model.layout, executables
-        self._compiled: dict[tuple, Any] = {}
+        self._compiled: dict[ProgramKey, Any] = {}
         self.released = False
         rep = NamedSharding(mesh, P())
         params = model.params
@@ -249,28 +249,28 @@ class StepRunner:
         self._rep = rep
         forward = functools.partial(model.forward, backend=backend)
         self.compiler_options = step_compiler_options(model.params)
-        self._programs: dict[tuple, Any] = {}
+        self._programs: dict[ProgramKey, Any] = {}
         for key in self.program_keys():
-            if key[0] == "sample":
+            if key.is_sampler:
                 fn = functools.partial(sample_step, valid_vocab=valid_vocab)
                 self._programs[key] = jax.jit(fn, donate_argnums=(0,), in_shardings=(state_sh, rep, rep, rep, rep),
                                               out_shardings=(state_sh, rep), compiler_options=self._options_of(key) or None)
                 continue
-            uniform = (key[1], 1) if key[0] == "decode" else (1, key[1]) if key[2] == 1 else None
+            uniform = (key.rows, 1) if key.kind == "decode" else (1, key.tokens) if key.rows == 1 else None
             fn = functools.partial(forward_step, forward=forward, uniform=uniform, shape=self._shape(key))
             self._programs[key] = jax.jit(fn, donate_argnums=(1,), in_shardings=(param_sh, state_sh, rep),
                                           out_shardings=(state_sh, rep), compiler_options=self._options_of(key) or None)
         self._ones: dict[int, jax.Array] = {}  # the all-ones bitmask of each row count, on the device
-        self._launched: tuple[tuple, int] | None = None  # the last launch's program key and row count
+        self._launched: tuple[ProgramKey, int] | None = None  # the last launch's program key and row count
         self._logits: jax.Array | None = None
         self._out: tuple[SampleOut, int] | None = None  # the last sample's device outputs and row count
         self.mask_transfers = 0  # samples that sent a bitmask from the host
 
     # ---- programs (`program_catalogue.ProgramCatalogue`) -----------------------------------------------
-    def program_keys(self) -> list[tuple]:
+    def program_keys(self) -> list[ProgramKey]:
         return self.catalogue.program_keys()
 
-    def first_keys(self) -> list[tuple]:
+    def first_keys(self) -> list[ProgramKey]:
         return self.catalogue.first_keys()
 
     @property
@@ -283,7 +283,7 @@ class StepRunner:
     def selective(self, value: bool) -> None:
         self.catalogue.selective = value
 
-    def adopt(self, key: tuple, compiled: Any) -> None:
+    def adopt(self, key: ProgramKey, compiled: Any) -> None:
         """Make compiled program `key` one the steps may run (from any thread; a released runner ignores it). One
         adopted after `warmup` is not run ahead of its first step: the engine's thread runs nothing of its own
         accord, so code that drives an idle engine's runner directly (notebooks) may."""
@@ -308,24 +308,23 @@ class StepRunner:
     def max_verify_tokens(self) -> int:
         return self.catalogue.max_verify_tokens
 
-    def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> tuple | None:
+    def shape_for(self, n_rows: int, n_tokens: int, verify: bool = False) -> ProgramKey | None:
         return self.catalogue.shape_for(n_rows, n_tokens, verify)
 
-    def _shape(self, key: tuple) -> tuple[int, int, int, int]:
+    def _shape(self, key: ProgramKey) -> tuple[int, int, int, int]:
         """(tokens, rows, pages per row, logits positions) of a forward program."""
-        t, r = (key[1], key[1]) if key[0] == "decode" else (key[1], key[2])
-        return t, r, self.pages_per_row, samples_of(key)
+        return key.tokens, key.rows, self.pages_per_row, key.samples
 
     # ---- host packing ---------------------------------------------------------------------------------
-    def pack(self, key: tuple, rows: Sequence[RowInput]) -> tuple[StepArgs, SampleArgs]:
+    def pack(self, key: ProgramKey, rows: Sequence[RowInput]) -> tuple[StepArgs, SampleArgs]:
         """The forward's and the sampler's arguments for `rows` (every array padded to the program's shape)."""
         return self.pack_forward(key, rows), self.pack_sample(key, rows)
 
-    def pack_forward(self, key: tuple, rows: Sequence[RowInput]) -> StepArgs:
+    def pack_forward(self, key: ProgramKey, rows: Sequence[RowInput]) -> StepArgs:
         t, r, width, _ = self._shape(key)
         return forward_args(key, rows, t, r, width, self.page_size, self.max_batch, self.max_context)
 
-    def pack_sample(self, key: tuple, rows: Sequence[RowInput]) -> SampleArgs:
+    def pack_sample(self, key: ProgramKey, rows: Sequence[RowInput]) -> SampleArgs:
         return sample_args(key, rows, self.max_batch, self.mask_words)
 
     # ---- running ---------------------------------------------------------------------------------------
@@ -335,7 +334,7 @@ class StepRunner:
         self.sample(rows)
         return self.fetch(logprobs=any(bool(row.sampling.logprobs) for row in rows))
 
-    def launch(self, rows: Sequence[RowInput]) -> tuple:
+    def launch(self, rows: Sequence[RowInput]) -> ProgramKey:
         """Dispatch the forward of a step over `rows` (not waiting for it); returns its program key."""
         key = self.shape_for(len(rows), sum(len(row.tokens) for row in rows), any(row.drafts for row in rows))
         if key is None:
@@ -351,8 +350,8 @@ class StepRunner:
         key, n = self._launched
         if len(rows) != n:
             raise ValueError(f"{len(rows)} rows to sample after a launch of {n}")
-        used = sum(len(row.tokens) for row in rows) if key[0] == "verify" else n
-        self._sample(samples_of(key), self.pack_sample(key, rows), used)
+        used = sum(len(row.tokens) for row in rows) if key.kind == "verify" else n
+        self._sample(key.samples, self.pack_sample(key, rows), used)
         self._launched = None
 
     def fetch(self, logprobs: bool = False) -> SampleOut:
@@ -367,7 +366,7 @@ class StepRunner:
         return SampleOut(tokens, np.zeros(n, np.float32), np.zeros((n, *out.top_ids.shape[1:]), np.int32),
                          np.zeros((n, *out.top_logprobs.shape[1:]), np.float32))
 
-    def _forward(self, key: tuple, args: StepArgs) -> None:
+    def _forward(self, key: ProgramKey, args: StepArgs) -> None:
         self.state, self._logits = self._program(key)(self.params, self.state, pack_step(args))
 
     def _sample(self, r: int, args: SampleArgs, n: int = 0) -> None:
@@ -379,44 +378,44 @@ class StepRunner:
         else:
             bitmask = args.bitmask
             self.mask_transfers += 1
-        self.state, out = self._program(("sample", r))(self.state, self._logits, ints, floats, bitmask)
+        self.state, out = self._program(ProgramKey.sample(r))(self.state, self._logits, ints, floats, bitmask)
         self._logits = None
         self._out = (out, n)
 
-    def _program(self, key: tuple):
+    def _program(self, key: ProgramKey):
         return self._compiled.get(key) or self._programs[key]
 
-    def _options_of(self, key: tuple) -> dict:
+    def _options_of(self, key: ProgramKey) -> dict:
         """The compiler options of program `key`: the samplers (vocab-wide elementwise work) always XLA's own."""
-        return {} if key[0] == "sample" else self.compiler_options
+        return {} if key.is_sampler else self.compiler_options
 
-    def _example(self, key: tuple, abstract_state: bool = False) -> tuple:
+    def _example(self, key: ProgramKey, abstract_state: bool = False) -> tuple:
         """The arguments a call of program `key` passes (for lowering); `abstract_state`: the params and state as
         their shapes and shardings (safe from any thread)."""
         params, state = self._abstract_args if abstract_state else (self.params, self.state)
-        if key[0] != "sample":
+        if not key.is_sampler:
             return params, state, pack_step(self.pack_forward(key, []))
-        logits = jax.ShapeDtypeStruct((key[1], self.vocab_size), jnp.float32)
+        logits = jax.ShapeDtypeStruct((key.rows, self.vocab_size), jnp.float32)
         ints, floats = pack_sample(self.pack_sample(key, []))
-        return state, logits, ints, floats, np.full((key[1], self.mask_words), -1, np.int32)
+        return state, logits, ints, floats, np.full((key.rows, self.mask_words), -1, np.int32)
 
-    def lower(self, key: tuple, platform: str | None = None):
+    def lower(self, key: ProgramKey, platform: str | None = None):
         """Program `key` lowered for exactly the arguments a call passes, for `platform` (None: the mesh's own)."""
         traced = self._programs[key].trace(*self._example(key))
         return traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
 
-    def compile(self, key: tuple) -> Any:
+    def compile(self, key: ProgramKey) -> Any:
         """Program `key` compiled for exactly the arguments a call passes (or loaded from the executable store);
         not kept: `warmup` (or `adopt`) keeps what it compiles. From any thread: it lowers over the state's shapes."""
         program, args = self._programs[key], self._example(key, abstract_state=True)
         if self.executables is None:
             return program.lower(*args).compile()
-        identity = (f"{key}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
+        identity = (f"{key.name}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
                     f"|options={sorted(self._options_of(key).items())}")
         return self.executables.load_or_compile(identity, program, args)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True,
-               keys: Sequence[tuple] | None = None) -> None:
+               keys: Sequence[ProgramKey] | None = None) -> None:
         """Compile every program (or `keys` only) ahead of time (lowered for exactly the arguments `run` passes,
         then jit reuses the executable), or load it from the executable store / persistent compilation cache.
         `prime`: then run once each step of at most `PRIME_TOKENS` tokens on empty rows (nothing written), so no
@@ -429,9 +428,9 @@ class StepRunner:
                 progress(i + 1, len(keys))
         if prime and jax.process_count() == 1:
             for key in keys:
-                if key[0] != "sample" and key[1] <= PRIME_TOKENS and ("sample", samples_of(key)) in self._compiled:
+                if not key.is_sampler and key.tokens <= PRIME_TOKENS and key.sampler() in self._compiled:
                     self._forward(key, self.pack_forward(key, []))
-                    self._sample(samples_of(key), self.pack_sample(key, []))
+                    self._sample(key.samples, self.pack_sample(key, []))
             jax.block_until_ready(self.state)
             self._out = None
 

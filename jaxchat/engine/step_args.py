@@ -8,8 +8,7 @@ Contract:
   bias). A row that does not fit its program or its context is a ValueError.
 - `pack_step` / `unpack_step` and `pack_sample` / `unpack_sample`: those arguments as one int32 array (and one
   float32 array for the sampler), read back inside the program by static slices.
-- Program keys: ("decode", R), ("ragged", T, R), ("verify", T, R), ("sample", R); `rows_of(key)` its rows,
-  `samples_of(key)` how many positions its sampler samples.
+- Programs are named by `program_key.ProgramKey`s.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxchat.engine.plan import RowInput, positions_of
+from jaxchat.engine.program_key import ProgramKey
 from jaxchat.engine.sampler import SamplingArrays
 from jaxchat.engine.types import LOGIT_BIAS_SLOTS
 from jaxchat.models.kv import StepInputs
@@ -108,17 +108,7 @@ def unpack_sample(ints, floats, r: int) -> tuple[jax.Array, jax.Array, SamplingA
     return ints[:r], ints[r:2 * r] != 0, SamplingArrays(**col), draft, bias
 
 
-def rows_of(key: tuple) -> int:
-    """The row count of a program key."""
-    return key[1] if key[0] in ("decode", "sample") else key[2]
-
-
-def samples_of(key: tuple) -> int:
-    """How many positions a forward program's sampler samples: one per row, or every token of a verify step."""
-    return key[1] if key[0] in ("verify", "sample") else rows_of(key)
-
-
-def forward_args(key: tuple, rows: Sequence[RowInput], t: int, r: int, width: int, page_size: int, max_batch: int,
+def forward_args(key: ProgramKey, rows: Sequence[RowInput], t: int, r: int, width: int, page_size: int, max_batch: int,
                  max_context: int) -> StepArgs:
     """The forward's arguments for `rows` in a program of `t` tokens over `r` rows of `width` pages each (every
     array padded to it); a ValueError when the rows do not fit it or a row its context."""
@@ -152,14 +142,14 @@ def forward_args(key: tuple, rows: Sequence[RowInput], t: int, r: int, width: in
         prompt_len[i], count_from[i] = row.prompt_len, row.count_from
     step = StepInputs(positions, token_rows, cu, kv_lens, tables, write_slots, state_slots,
                       np.asarray([len(rows)], np.int32))
-    if key[0] == "verify":
+    if key.kind == "verify":
         index = np.arange(t, dtype=np.int32)
     return StepArgs(tokens, step, index, fresh, prompt_len, count_from, feed)
 
 
-def sample_args(key: tuple, rows: Sequence[RowInput], max_batch: int, mask_words: int) -> SampleArgs:
+def sample_args(key: ProgramKey, rows: Sequence[RowInput], max_batch: int, mask_words: int) -> SampleArgs:
     """The sampler's arguments for `rows` (one position per row, or every token of a verify step)."""
-    n = samples_of(key)
+    n = key.samples
     slots, samples = np.full(n, max_batch, np.int32), np.zeros(n, np.bool_)
     draft = np.full(n, -1, np.int32)
     bias_ids, bias_values = np.full((n, LOGIT_BIAS_SLOTS), -1, np.int32), np.zeros((n, LOGIT_BIAS_SLOTS), np.float32)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxchat.engine.plan import RowInput, SchedulerShape
+from jaxchat.engine.program_key import ProgramKey
 
 VOCAB = 64
 
@@ -84,7 +85,7 @@ class FakeRunner:
             ends = range(row.start, row.start + len(run)) if verify else [row.start + len(run) - 1]
             contexts.append([self._read(row.pages, end) for end in ends])
         self._contexts = contexts
-        return ("verify" if verify else "ragged", tokens, len(rows))
+        return (ProgramKey.verify if verify else ProgramKey.ragged)(tokens, len(rows))
 
     def _read(self, pages: list[int], end: int) -> list[int]:
         """The tokens at positions 0..end as the row's page table holds them."""

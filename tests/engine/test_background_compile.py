@@ -16,6 +16,7 @@ import pytest
 from jaxchat.api.pipeline import ChatPipeline
 from jaxchat.engine import engine as engine_module
 from jaxchat.engine.engine import Engine, background_order
+from jaxchat.engine.program_key import ProgramKey
 from jaxchat.engine.types import GenerationRequest, SamplingParams
 from jaxchat.server.metrics import Metrics
 from tests.engine.helpers import FakeModel, ScriptedConstraint, byte_tokenizer
@@ -101,14 +102,15 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
     with Engine(FakeModel(TOK, eos=(EOS,)), programs="background", **SHAPES) as engine:
         runner = engine.runner
         first = runner.first_keys()
-        assert first == [("ragged", 64, 4), ("decode", 4), ("sample", 4)]
+        assert first == [ProgramKey.ragged(64, 4), ProgramKey.decode(4), ProgramKey.sample(4)]
         assert engine.core.background is not None and engine.core.background.is_alive()
         stats = engine.stats()
         assert (stats.programs_ready, stats.programs_total) == (3, len(runner.program_keys()))
         keys = launched_keys(engine)
         early = run_all(engine)
         assert early == warm_outputs
-        assert set(keys) == {("ragged", 64, 4), ("decode", 4)}  # the long prompt ran in chunks of the ragged one
+        # the long prompt ran in chunks of the ragged one
+        assert set(keys) == {ProgramKey.ragged(64, 4), ProgramKey.decode(4)}
         assert sum(1 for k in keys if k) > 6
         assert engine.stats().compiles_on_request_path == 0
         assert engine.scheduler.speculator.drafted == 0  # no verify program yet: no drafts
@@ -124,7 +126,7 @@ def test_requests_right_after_start_up_wait_on_no_compile_and_equal_a_warm_engin
         keys.clear()
         later = run_all(engine)
         assert later == warm_outputs
-        assert {("decode", 1), ("decode", 2)} & set(keys)  # adopted from the background
+        assert {ProgramKey.decode(1), ProgramKey.decode(2)} & set(keys)  # adopted from the background
         assert engine.stats().compiles_on_request_path == 0
 
 
@@ -145,7 +147,7 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
     with Engine(FakeModel(TOK, eos=(EOS,)), start=False, programs="all", **SHAPES) as full:
         keys = launched_keys(full)
         whole = generate(full)
-        assert ("ragged", 256, 4) in keys and ("decode", 1) in keys
+        assert ProgramKey.ragged(256, 4) in keys and ProgramKey.decode(1) in keys
     with Engine(FakeModel(TOK, eos=(EOS,)), start=False, programs="first", **SHAPES) as engine:
         runner = engine.runner
         assert runner.selective and engine.core.background is None
@@ -155,7 +157,7 @@ def test_a_step_whose_program_is_not_ready_runs_as_chunks_of_a_ready_one():
         keys = launched_keys(engine)
         chunked = generate(engine)
         assert chunked == whole
-        assert keys == [("ragged", 64, 4)] * -(-len(prompt) // 64) + [("decode", 4)] * 7
+        assert keys == [ProgramKey.ragged(64, 4)] * -(-len(prompt) // 64) + [ProgramKey.decode(4)] * 7
         assert engine.request_path.compiles == 0
         assert engine.stats().programs_ready == 3  # still the first set: nothing compiled behind the steps
 
@@ -211,10 +213,10 @@ def test_while_programs_are_adopted_one_by_one_every_step_the_scheduler_may_plan
 
 
 def test_the_background_goes_sampler_then_forward_so_each_is_usable_at_once():
-    keys = [("decode", 1), ("decode", 4), ("ragged", 16, 4), ("verify", 8, 4), ("sample", 1), ("sample", 4),
-            ("sample", 8)]
-    assert background_order(keys) == [("sample", 1), ("decode", 1), ("sample", 4), ("decode", 4),
-                                      ("ragged", 16, 4), ("sample", 8), ("verify", 8, 4)]
+    decode, ragged, verify, sample = ProgramKey.decode, ProgramKey.ragged, ProgramKey.verify, ProgramKey.sample
+    keys = [decode(1), decode(4), ragged(16, 4), verify(8, 4), sample(1), sample(4), sample(8)]
+    assert background_order(keys) == [sample(1), decode(1), sample(4), decode(4), ragged(16, 4), sample(8),
+                                      verify(8, 4)]
 
 
 def test_an_unknown_program_set_is_a_clear_error():

@@ -59,8 +59,8 @@ def test_an_engine_on_a_tiny_model_picks_the_fast_level(monkeypatch):
     try:
         runner = engine.runner
         assert runner.compiler_options == FAST_COMPILE_OPTIONS
-        forwards = [k for k in runner.program_keys() if k[0] != "sample"]
-        samplers = [k for k in runner.program_keys() if k[0] == "sample"]
+        forwards = [k for k in runner.program_keys() if not k.is_sampler]
+        samplers = [k for k in runner.program_keys() if k.is_sampler]
         assert forwards and [runner._options_of(k) for k in forwards] == [FAST_COMPILE_OPTIONS] * len(forwards)
         assert samplers and [runner._options_of(k) for k in samplers] == [{}] * len(samplers)
     finally:

@@ -199,10 +199,10 @@ def test_warmup_runs_the_small_programs_once_and_leaves_no_trace():
     finally:
         del runner._forward
     plain.runner.warmup(prime=False)
-    decodes = {key for key in runner._compiled if key[0] == "decode"}
-    ragged = {key for key in runner._compiled if key[0] == "ragged"}
+    decodes = {key for key in runner._compiled if key.kind == "decode"}
+    ragged = {key for key in runner._compiled if key.kind == "ragged"}
     assert decodes and decodes <= set(ran)
-    assert {key for key in ragged if key[1] <= PRIME_TOKENS} == {key for key in ran if key[0] == "ragged"}
+    assert {key for key in ragged if key.tokens <= PRIME_TOKENS} == {key for key in ran if key.kind == "ragged"}
     assert any(key[1] > PRIME_TOKENS for key in ragged)  # a long bucket is compiled but not run
     assert not np.asarray(runner.state.counts).any() and not np.asarray(runner.state.prompt_mask).any()
     assert not any(np.asarray(x).any() for x in jax.tree.leaves(runner.state.pools))  # nothing was written
