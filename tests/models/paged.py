@@ -33,22 +33,25 @@ from jaxchat.models.kv import StepInputs
 TINY_PARAMS = 50_000_000
 
 
-def compiler_options(lm) -> dict:
-    return dict(FAST_COMPILE_OPTIONS) if param_count(lm.params) < TINY_PARAMS else {}
+def compiler_options(lm, fast: bool | None = None) -> dict:
+    """The fast-compile options for a tiny model (or wherever `fast`), else XLA's defaults."""
+    fast = param_count(lm.params) < TINY_PARAMS if fast is None else fast
+    return dict(FAST_COMPILE_OPTIONS) if fast else {}
 
 
 _JITS: dict[tuple, tuple] = {}
 
 
-def _jitted(lm, backend, layout: str, backend_key: tuple) -> tuple:
-    """One pair of jitted forwards (uniform, ragged) per model, layout and attention settings, shared by every
-    `PagedRows` of them: a program traced and compiled for one is reused by the next of the same shapes."""
-    key = (id(lm), layout, backend_key)
+def _jitted(lm, backend, layout: str, backend_key: tuple, fast: bool | None) -> tuple:
+    """One pair of jitted forwards (uniform, ragged) per model, layout, attention settings and compile options,
+    shared by every `PagedRows` of them: a program traced and compiled for one is reused by the next of the same
+    shapes."""
+    key = (id(lm), layout, backend_key, fast)
     found = _JITS.get(key)
     if found is not None and found[0] is lm:
         return found[1]
     forward = functools.partial(lm.forward, backend=backend, layout=layout)
-    options = compiler_options(lm)
+    options = compiler_options(lm, fast)
     pair = (jax.jit(forward, static_argnames=("uniform",), compiler_options=options),
             jax.jit(forward, compiler_options=options))
     _JITS[key] = (lm, pair)
@@ -57,7 +60,7 @@ def _jitted(lm, backend, layout: str, backend_key: tuple) -> tuple:
 
 class PagedRows:
     def __init__(self, lm, rows: int, max_len: int, *, page_size: int = 4, layout: str = "stacked", params=None,
-                 kv_block: int = 2, query_block: int = 4, seed: int = 0):
+                 kv_block: int = 2, query_block: int = 4, seed: int = 0, fast_compile: bool | None = None):
         self.lm, self.rows, self.page_size, self.layout = lm, rows, page_size, layout
         self.params = lm.params if params is None else params
         self.backend = XlaAttention(page_size, kv_block=kv_block, query_block=query_block)
@@ -65,7 +68,8 @@ class PagedRows:
         pages = np.random.default_rng(seed).permutation(np.arange(1, rows * per_row + 1))
         self.tables = pages.reshape(rows, per_row).astype(np.int32)
         self.pools = lm.new_pools(self.backend, rows * per_row + 1, page_size, rows, layout)
-        self._forward, self.ragged_forward = _jitted(lm, self.backend, layout, (page_size, kv_block, query_block))
+        self._forward, self.ragged_forward = _jitted(lm, self.backend, layout, (page_size, kv_block, query_block),
+                                                     fast_compile)
 
     def place(self, mesh) -> PagedRows:
         """Put the pools on `mesh`, the engine's 1-D 'tp' mesh (`jaxchat.engine.step.make_mesh`), as its step

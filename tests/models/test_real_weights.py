@@ -128,7 +128,8 @@ def test_gemma3_gguf_logits_close_to_transformers():
     assert lm.config.family == "gemma3_text" and lm.config.is_sliding.count(False) == 3
     ids = lm.tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
     assert ids[0] == lm.bos_token_id
-    ours = PagedRows(lm, 1, len(ids))(np.asarray([ids]), np.arange(len(ids))[None])[0]
+    # one step: its program compiles fast (31.5 s -> 28.4 s for this test alone, cold; the same logits)
+    ours = PagedRows(lm, 1, len(ids), fast_compile=True)(np.asarray([ids]), np.arange(len(ids))[None])[0]
     del lm
     with torch.no_grad():
         ref = _hf_model(path)(torch.tensor([ids])).logits[0].numpy()
