@@ -2,10 +2,10 @@
 
 Contract: `step_compiler_options(params)` returns `{}` (XLA's defaults, what users get) unless the environment
 variable `JAXCHAT_FAST_COMPILE_BELOW` holds a parameter count and the model's params (a pytree of arrays)
-hold fewer elements than that: then the lowest backend optimisation level and XLA:CPU's loop emitters (`FAST_COMPILE_OPTIONS`), which roughly halves compile time
-on XLA:CPU for a tiny model (and slows its programs' runs). Meant for test runs of tiny checkpoints only; the
-default model (about 5e8 parameters) stays above any sensible threshold. A value that is not a number is a clear
-error. The step runner applies the options to its forward programs, not to its samplers.
+hold fewer elements than that: then the lowest backend optimisation level and XLA:CPU's loop emitters
+(`FAST_COMPILE_OPTIONS`), which roughly halves compile time on XLA:CPU for a tiny model (and slows its programs'
+runs). Meant for test runs of tiny checkpoints only; the default model (about 5e8 parameters) stays above any
+sensible threshold. A value that is not a number is a clear error. The step runner applies the options to its forward programs, not to its samplers.
 """
 
 from __future__ import annotations

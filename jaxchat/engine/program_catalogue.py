@@ -46,7 +46,8 @@ class ProgramCatalogue:
         buckets = self.token_buckets
         middle = buckets[len(buckets) // 2]
         t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
-        keys = [ProgramKey.ragged(t, max(r for r in self.ragged_rows if r <= t)), ProgramKey.decode(self.decode_rows[-1])]
+        keys = [ProgramKey.ragged(t, max(r for r in self.ragged_rows if r <= t)),
+                ProgramKey.decode(self.decode_rows[-1])]
         return keys + [ProgramKey.sample(n) for n in sorted({k.samples for k in keys})]
 
     def ready(self, key: ProgramKey) -> None:
