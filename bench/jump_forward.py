@@ -10,7 +10,7 @@ one request's own):
 Each request runs twice, on and off in turn (alternating which goes first, so drift on a shared host hits
 both), on the same in-process service (`jaxchat.api.build_chat_service`, the default model unless
 `--model`): the engine's `scheduler.jump_forward` is switched between them, so both use the same compiled
-programs. Per request: end-to-end latency (`service.chat_completion`, parse included), completion tokens,
+programs. Per request: end-to-end latency (`service.chats.answer`, parse included), completion tokens,
 forced tokens (the engine's counter) and device steps (completion tokens - forced: each sampled token is one
 prefill, decode or extend step), and the parsed result (tool name and arguments, or the JSON content).
 Prints per set the mean latency on and off, off / on (the speed-up), mean steps per request, and the share of
@@ -98,7 +98,7 @@ async def one(service, body: dict, jump: bool, max_tokens: int) -> dict:
     sched.jump_forward = jump
     forced = sched.forced_tokens
     t0 = time.perf_counter()
-    reply = await service.chat_completion(parse_chat_request({"model": "m", "temperature": 0,
+    reply = await service.chats.answer(parse_chat_request({"model": "m", "temperature": 0,
                                                               "max_tokens": max_tokens, **body}))
     seconds = time.perf_counter() - t0
     tokens = reply["usage"]["completion_tokens"]

@@ -135,7 +135,7 @@ async def run_cell(service, counter: Counter, bodies: list[dict], on: bool, k: i
     spec.k_max = k if on else 0
     drafted, accepted, launches = spec.drafted, spec.accepted, counter.launches
     t0 = time.perf_counter()
-    replies = await asyncio.gather(*(service.chat_completion(parse_chat_request(
+    replies = await asyncio.gather(*(service.chats.answer(parse_chat_request(
         {"model": "m", "temperature": 0, "max_tokens": max_tokens, **body})) for body in bodies))
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "tokens": sum(r["usage"]["completion_tokens"] for r in replies),

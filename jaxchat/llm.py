@@ -90,11 +90,11 @@ class LLM:
                 "stream": stream, **kwargs}
         request = parse_chat_request(body, self.limits, self.service.max_context)
         if not stream:
-            return self._run(self.service.chat_completion(request))
+            return self._run(self.service.chats.answer(request))
         return self._stream(request)
 
     def _stream(self, request) -> Iterator[dict]:
-        chunks = self.service.chat_completion_stream(request)
+        chunks = self.service.chats.stream(request)
         try:
             while True:
                 try:
@@ -113,7 +113,7 @@ class LLM:
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
                 **sampling}
         request = parse_completion_request(body, self.limits, self.service.max_context)
-        result = self._run(self.service.generate(request))
+        result = self._run(self.service.texts.generate(request))
         return Completion(result.text, result.token_ids, result.finish_reason)
 
     def close(self) -> None:

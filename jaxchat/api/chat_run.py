@@ -12,8 +12,8 @@ before the end of its turn is read as the stream read it and keeps the engine's 
 `jaxchat.api.cut`), the engine's stop reason, the parsed message and its token counts. A failed
 generation is one update with `failed` set (after that choice's last deltas); nothing follows it.
 Ending or closing `updates()` cancels the engine requests, which aborts them. Chat chunks
-(`jaxchat.api.chat_completions`), Responses events (`jaxchat.api.responses`) and Messages
-events (`jaxchat.api.messages_api`) are all written from these updates.
+(`jaxchat.api.openai.chat_completions`), Responses events (`jaxchat.api.responses.adapter`) and Messages
+events (`jaxchat.api.anthropic.adapter`) are all written from these updates.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ share: its `engine` (a `ServingEngine`, checked with `isinstance`), `tokenizer`,
 (`ChatTemplate`, None when the model has none), the one `ChatFormatSpec` (`spec`) detected from the template
 and the vocabulary, the grammar engine (`grammar`, None for unconstrained decoding) and the format's
 turn-end token ids (`stop_token_ids`). Its public methods are the steps the wire API adapters
-(`chat_completions`, `completions`, `responses`, `messages_api`) compose: `prepare_chat` renders and
+(`openai.chat_completions`, `openai.completions`, `responses.adapter`, `anthropic.adapter`) compose:
+`prepare_chat` renders and
 tokenises a `ChatRequest` and raises every 400 that needs the model (no chat template, a template that
 refuses the messages or cannot render tools under tool_choice "required"/named, a prompt the tokenizer
 cannot encode, one that is empty or does not fit the context or the KV pool); `encode` / `checked_prompt` /

@@ -8,9 +8,9 @@ lazily so the app loads without uvicorn).
 """
 
 from jaxchat.server.app import create_app
-from jaxchat.server.protocol import ServingBackend
+from jaxchat.server.protocol import ServingBackend, WireApi
 
-__all__ = ["ServingBackend", "create_app", "serve"]
+__all__ = ["ServingBackend", "WireApi", "create_app", "serve"]
 
 
 def __getattr__(name: str):

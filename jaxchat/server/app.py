@@ -5,10 +5,9 @@ Contract
 `create_app(service, api_key=None, limits=Limits())` (`service` a `ServingBackend`, checked with `isinstance`:
 a TypeError otherwise) returns a Starlette app with
 `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (the Responses API) and
-`POST /v1/messages` (the Anthropic Messages API, answered by the service's `messages` /
-`messages_stream`, with Anthropic error bodies and no `[DONE]`; each of these two is a 404 when the service's
-`supports_responses` / `supports_messages` is false) (JSON, or SSE with `stream: true`): one table,
-`routes.WIRE_ROUTES`, and one handler for them all;
+`POST /v1/messages` (the Anthropic Messages API, with Anthropic error bodies and no `[DONE]`; each of these two
+is a 404 when the service's `responses` / `anthropic` adapter is None) (JSON, or SSE with `stream: true`): one
+table, `routes.WIRE_ROUTES`, and one handler for them all, which hands the typed request to the route's adapter;
 `GET /v1/models`, `GET /health` (`{"status": "ok"}`, with `programs_ready` / `programs_total` when the service's
 stats have them: the server listens once the engine's first programs are ready, the others compile in the
 background) and `GET /metrics` (Prometheus text). Every request body goes
@@ -158,10 +157,10 @@ class _Api:
         sse = {"done": False, "error_shape": _anthropic_error} if route.anthropic else {}
 
         async def handler(request: Request, started: float) -> Response:
-            svc = self.service
-            if not route.supported(svc):
+            adapter = route.adapter_of(self.service)
+            if adapter is None:
                 raise ApiError(404, f"this server's service does not implement the {route.api}")
-            return await self.generate(request, started, route.read, route.answer(svc), route.stream(svc), **sse)
+            return await self.generate(request, started, route.read, adapter.answer, adapter.stream, **sse)
 
         return handler
 

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from jaxchat.api.custom_calls import CustomCalls
 from jaxchat.api.custom_input import CustomInput, custom_input
-from jaxchat.api.responses_shapes import ResponseWriter
+from jaxchat.api.openai.custom_calls import CustomCalls
+from jaxchat.api.responses.shapes import ResponseWriter
 from jaxchat.chat import ChatStream, chat_constraint_request_from_openai, chat_format_make
 from jaxchat.chat.msg import ChatParseOptions
 

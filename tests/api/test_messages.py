@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from jaxchat.api import ChatService, Limits, RequestError, parse_messages_request
-from jaxchat.api.messages_shapes import partial_object
+from jaxchat.api.anthropic.shapes import partial_object
 from jaxchat.assets import template_path
 from jaxchat.server import create_app
 from tests.api.test_service import ScriptedEngine

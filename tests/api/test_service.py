@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from jaxchat.api import ChatPipeline, ChatService, Sampling, ServingEngine
 from jaxchat.engine.types import EngineStats, GenerationOutput
 from jaxchat.llm import LLM
-from jaxchat.server import ServingBackend, create_app
+from jaxchat.server import ServingBackend, WireApi, create_app
 from tests.server.helpers import assert_error, sse_events
 
 WORDS = {"hello": 0, "world": 1, "<eos>": 2}
@@ -172,7 +172,7 @@ def test_a_template_that_refuses_the_messages_is_a_400():
 
 
 def test_ignore_eos_keeps_only_the_requests_stop_tokens(engine):
-    pipeline = ChatService(engine, "words").pipeline
+    pipeline = ChatService(engine, "words")
     pipeline.stop_token_ids = (9,)  # as a format's turn-end markers would be
     assert pipeline.sampling(Sampling(stop_token_ids=(5,)), 3).stop_token_ids == (5, 9)
     assert pipeline.sampling(Sampling(stop_token_ids=(5,), ignore_eos=True), 3).stop_token_ids == (5,)
@@ -199,14 +199,16 @@ def test_llm_generate_refuses_unknown_options(engine):
     assert engine.stopped
 
 
-def test_the_service_composes_a_pipeline_and_is_a_serving_backend(engine):
-    """`ChatService` holds one pipeline and an adapter per wire API (no API is a base class), supports every
-    API, and refuses an engine that is not a `ServingEngine`."""
+def test_the_service_is_a_pipeline_with_an_adapter_per_wire_api_and_a_serving_backend(engine):
+    """`ChatService` is the pipeline plus one adapter per wire API, each a `WireApi` on that pipeline; it adds
+    nothing else (no forwarding method), offers every API, and refuses an engine that is not a `ServingEngine`."""
     service = ChatService(engine, "words")
-    assert ChatService.__bases__ == (object,)
-    assert isinstance(service, ServingBackend) and service.supports_responses and service.supports_messages
-    assert isinstance(engine, ServingEngine) and isinstance(service.pipeline, ChatPipeline)
-    assert {a.pipeline for a in (service.chats, service.texts, service.responses, service.anthropic)} == {service.pipeline}
+    assert ChatService.__bases__ == (ChatPipeline,)
+    assert set(vars(ChatService)) - {"__module__", "__doc__", "__qualname__", "__firstlineno__",
+                                     "__static_attributes__"} == {"__init__"}
+    adapters = (service.chats, service.texts, service.responses, service.anthropic)
+    assert isinstance(service, ServingBackend) and all(isinstance(a, WireApi) for a in adapters)
+    assert isinstance(engine, ServingEngine) and {a.pipeline for a in adapters} == {service}
     assert service.engine is engine and service.max_context == 64 and service.expect_request() is None
 
     with pytest.raises(TypeError, match="ServingEngine"):

@@ -78,8 +78,8 @@ def _plain(reply: dict) -> dict:
 
 def _both(service, body: dict) -> tuple[dict, dict]:
     async def run():
-        plain = await service.chat_completion(parse_chat_request(body))
-        chunks = [c async for c in service.chat_completion_stream(parse_chat_request({**body, "stream": True}))]
+        plain = await service.chats.answer(parse_chat_request(body))
+        chunks = [c async for c in service.chats.stream(parse_chat_request({**body, "stream": True}))]
         return _plain(plain), _accumulate(chunks)
 
     return asyncio.run(run())

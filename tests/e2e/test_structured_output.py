@@ -80,8 +80,8 @@ def _check(service, kind: str, text: str) -> None:
 def _chat(service, body: dict) -> tuple[str, str]:
     """(text not streamed, text streamed)."""
     async def run():
-        plain = await service.chat_completion(parse_chat_request(body))
-        chunks = [c async for c in service.chat_completion_stream(parse_chat_request({**body, "stream": True}))]
+        plain = await service.chats.answer(parse_chat_request(body))
+        chunks = [c async for c in service.chats.stream(parse_chat_request({**body, "stream": True}))]
         streamed = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
         assert plain["choices"][0]["finish_reason"] == "stop"
         return plain["choices"][0]["message"]["content"], streamed
@@ -91,8 +91,8 @@ def _chat(service, body: dict) -> tuple[str, str]:
 
 def _completion(service, body: dict) -> tuple[str, str]:
     async def run():
-        plain = await service.completion(parse_completion_request(body))
-        chunks = [c async for c in service.completion_stream(parse_completion_request({**body, "stream": True}))]
+        plain = await service.texts.answer(parse_completion_request(body))
+        chunks = [c async for c in service.texts.stream(parse_completion_request({**body, "stream": True}))]
         assert plain["choices"][0]["finish_reason"] == "stop"
         return plain["choices"][0]["text"], "".join(ch["text"] for c in chunks for ch in c["choices"])
 
@@ -130,7 +130,7 @@ def test_sampled_choices_are_choices(services):
     """At temperature 1 with n=4 every choice is still one of the strings (the mask, not luck)."""
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Pick."}], "temperature": 1.0, "seed": 7,
             "n": 4, "guided_choice": CHOICES}
-    reply = asyncio.run(services["plain"].chat_completion(parse_chat_request(body)))
+    reply = asyncio.run(services["plain"].chats.answer(parse_chat_request(body)))
     assert [c["message"]["content"] in CHOICES for c in reply["choices"]] == [True] * 4
 
 
@@ -176,7 +176,7 @@ def test_a_pathological_grammar_hits_the_time_limit(services):
     try:
         for _ in range(2):
             with pytest.raises(RequestError) as err:
-                asyncio.run(service.completion(parse_completion_request(body)))
+                asyncio.run(service.texts.answer(parse_completion_request(body)))
             assert err.value.param == "guided_regex" and "time limit" in err.value.message, err.value.message
     finally:
         grammar.compile_timeout_s = limit
@@ -262,7 +262,7 @@ def test_concurrent_requests_share_one_compile(services):
     body = {"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0, "guided_regex": "shared[0-9]{2}"}
 
     async def run():
-        return await asyncio.gather(*(service.completion(parse_completion_request(body)) for _ in range(4)))
+        return await asyncio.gather(*(service.texts.answer(parse_completion_request(body)) for _ in range(4)))
 
     try:
         replies = asyncio.run(run())
@@ -274,7 +274,7 @@ def test_concurrent_requests_share_one_compile(services):
 
 def _tokens(service, body: dict) -> list[int]:
     async def run():
-        return (await service.generate(parse_completion_request(body))).token_ids
+        return (await service.texts.generate(parse_completion_request(body))).token_ids
 
     return asyncio.run(run())
 
@@ -293,10 +293,11 @@ def test_logit_bias_bans_and_favours_tokens(services):
     # beside a grammar's mask: favouring the first token of the choice greedy did not take makes it the output
     service = services["plain"]
     choice_body = {**body, "max_tokens": 10, "guided_choice": ["Sunny", "Rain"]}
-    first = asyncio.run(service.generate(parse_completion_request(choice_body)))
+    first = asyncio.run(service.texts.generate(parse_completion_request(choice_body)))
     want = "Rain" if first.text == "Sunny" else "Sunny"
     head = service.tokenizer.encode(want, add_special_tokens=False)[0]
-    other = asyncio.run(service.generate(parse_completion_request({**choice_body, "logit_bias": {str(head): 100}})))
+    favoured = parse_completion_request({**choice_body, "logit_bias": {str(head): 100}})
+    other = asyncio.run(service.texts.generate(favoured))
     assert first.text in ("Sunny", "Rain") and other.text == want
 
 
@@ -317,7 +318,7 @@ def test_honoured_sampling_fields_change_the_output_as_documented(services):
             "temperature": 0, "ignore_eos": True}
 
     def gen(**extra):
-        return asyncio.run(service.generate(parse_completion_request({**body, **extra})))
+        return asyncio.run(service.texts.generate(parse_completion_request({**body, **extra})))
 
     greedy = gen()
     assert len(greedy.token_ids) == 16  # ignore_eos: exactly max_tokens
@@ -334,7 +335,7 @@ def test_honoured_sampling_fields_change_the_output_as_documented(services):
     for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 3.0},
                     {"repeat_penalty": 3.0}):
         assert gen(**penalty).token_ids != greedy.token_ids, penalty
-    reply = asyncio.run(service.completion(parse_completion_request({**body, "n": 3, "temperature": 1.5, "seed": 4})))
+    reply = asyncio.run(service.texts.answer(parse_completion_request({**body, "n": 3, "temperature": 1.5, "seed": 4})))
     assert len({c["text"] for c in reply["choices"]}) == 3
 
 
@@ -376,8 +377,8 @@ def _check_call(call: dict) -> None:
 def _calls_both(service, body: dict) -> list[dict]:
     """The tool calls of the plain reply, checked equal to the streamed reply's."""
     async def run():
-        plain = await service.chat_completion(parse_chat_request(body))
-        chunks = [c async for c in service.chat_completion_stream(parse_chat_request({**body, "stream": True}))]
+        plain = await service.chats.answer(parse_chat_request(body))
+        chunks = [c async for c in service.chats.stream(parse_chat_request({**body, "stream": True}))]
         return plain, chunks
 
     plain, chunks = asyncio.run(run())

@@ -112,8 +112,8 @@ def _plain(reply: dict) -> tuple[dict, str | None]:
 
 
 async def _both(service, mode: str, max_tokens: int) -> tuple[dict, list[dict]]:
-    plain = await service.chat_completion(parse_chat_request(_body(mode, max_tokens, False)))
-    chunks = [c async for c in service.chat_completion_stream(parse_chat_request(_body(mode, max_tokens, True)))]
+    plain = await service.chats.answer(parse_chat_request(_body(mode, max_tokens, False)))
+    chunks = [c async for c in service.chats.stream(parse_chat_request(_body(mode, max_tokens, True)))]
     return plain, chunks
 
 
@@ -135,7 +135,7 @@ def _check_no_markup(service, content: str | None, mode: str) -> None:
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_cut_calls_stream_as_they_finish(service, mode):
     async def run_all():
-        full = await service.chat_completion(parse_chat_request(_body(mode, FULL_TOKENS, False)))
+        full = await service.chats.answer(parse_chat_request(_body(mode, FULL_TOKENS, False)))
         length = full["usage"]["completion_tokens"]
         if mode == "auto" and not full["choices"][0]["message"].get("tool_calls"):
             length = min(length, AUTO_CUTS)

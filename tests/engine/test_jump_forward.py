@@ -240,7 +240,7 @@ def test_real_pipeline_named_tool_and_strict_schema():
         async def all_bodies():
             out = []
             for body in bodies:
-                reply = await service.chat_completion(parse_chat_request({"model": "m", "max_tokens": 120, **body}))
+                reply = await service.chats.answer(parse_chat_request({"model": "m", "max_tokens": 120, **body}))
                 msg = reply["choices"][0]["message"]
                 if msg.get("tool_calls"):
                     call = msg["tool_calls"][0]["function"]

@@ -123,15 +123,15 @@ def test_chat_usage_reports_cached_tokens_and_metrics_count_them():
                     {"role": "user", "content": "Weather in Paris?"}]
             body = {"model": "m", "messages": msgs, "tools": tools, "tool_choice": "required", "max_tokens": 40,
                     "temperature": 0}
-            first = await service.chat_completion(parse_chat_request(body))
+            first = await service.chats.answer(parse_chat_request(body))
             msg = first["choices"][0]["message"]
             msgs += [{"role": "assistant", "content": None, "tool_calls": msg["tool_calls"]},
                      {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "sunny, 21 C"}]
             second_body = parse_chat_request({**body, "messages": msgs, "tool_choice": "none", "max_tokens": 8})
-            second = await service.chat_completion(second_body)
+            second = await service.chats.answer(second_body)
             # /v1/completions on turn 2's prompt ids: its full pages are cached (the last token is always run)
             ids = list(service.prepare_chat(second_body).prompt_ids)
-            third = await service.completion(parse_completion_request({"model": "m", "prompt": ids, "max_tokens": 1}))
+            third = await service.texts.answer(parse_completion_request({"model": "m", "prompt": ids, "max_tokens": 1}))
             return first, second, (third, len(ids))
 
         return asyncio.run(turns())

@@ -193,7 +193,7 @@ def test_error_bodies_never_leak_internals(real_service, live_real, idle_engine,
         def boom(body):
             raise OSError(f"[Errno 2] No such file: '{ROOT}/jaxchat/secret.py'")
 
-        monkeypatch.setattr(real_service, "chat_completion", boom)
+        monkeypatch.setattr(real_service.chats, "answer", boom)
         bodies.append(c.post("/v1/chat/completions", json={"messages": user("x"), "max_tokens": 2}))
     statuses = Counter(r.status_code for r in bodies)
     for r in bodies:

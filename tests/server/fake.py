@@ -7,8 +7,8 @@ typed requests of `jaxchat.api` (recorded in `requests`), as the real service do
 last user message script faults: BOOM (an unexpected exception), REJECT (a RequestError),
 FAIL_MIDSTREAM (an error event after two chunks), SLOW (a chunk every `slow_delay` seconds) and
 HANG (no output until cancelled). A request is "aborted" when its stream is closed before the end.
-It serves chat completions and completions only: `supports_responses` / `supports_messages` are False
-(the server answers those routes with 404 without calling the methods, which raise).
+It serves chat completions (`chats`) and completions (`texts`) only: its `responses` / `anthropic` adapters are
+None (the server answers those routes with 404).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import itertools
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from jaxchat.api import ChatRequest, ChunkStream, CompletionRequest
 from jaxchat.chat import RequestError
@@ -68,11 +70,19 @@ def _text(content: object) -> str:
     return content or ""
 
 
+@dataclass(frozen=True)
+class FakeApi:
+    """One wire API of the fake (`jaxchat.server.WireApi`)."""
+
+    answer: Callable[[ChatRequest | CompletionRequest], Awaitable[dict]]
+    stream: Callable[[ChatRequest | CompletionRequest], ChunkStream]
+
+
 class FakeService:
     model_id = "fake-model"
     max_context = 4096
-    supports_responses = False
-    supports_messages = False
+    responses = None
+    anthropic = None
 
     def __init__(self, slow_delay: float = 0.02) -> None:
         self.slow_delay = slow_delay
@@ -80,6 +90,9 @@ class FakeService:
         self.aborted: list[str] = []
         self.completed: list[str] = []
         self.active: set[str] = set()
+        # the wire APIs' adapters, bound here so that a subclass's override of a method is what the server calls
+        self.chats = FakeApi(self.chat_completion, self.chat_completion_stream)
+        self.texts = FakeApi(self.completion, self.completion_stream)
 
     # ---- the protocol ----------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -97,18 +110,6 @@ class FakeService:
 
     def expect_request(self) -> None:  # announces nothing (`_Announcing` in test_app records them)
         return None
-
-    async def response(self, request) -> dict:
-        raise NotImplementedError("the fake serves no Responses API")
-
-    def response_stream(self, request) -> ChunkStream:
-        raise NotImplementedError("the fake serves no Responses API")
-
-    async def messages(self, request: ChatRequest) -> dict:
-        raise NotImplementedError("the fake serves no Messages API")
-
-    def messages_stream(self, request: ChatRequest) -> ChunkStream:
-        raise NotImplementedError("the fake serves no Messages API")
 
     async def chat_completion(self, request: ChatRequest) -> dict:
         rid, plan = self._start(request)

@@ -6,7 +6,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from jaxchat.api import ChatRequest, Limits
-from jaxchat.server import ServingBackend, create_app
+from jaxchat.server import ServingBackend, WireApi, create_app
 from tests.server.conftest import API_KEY
 from tests.server.fake import FakeService
 from tests.server.helpers import WEATHER_TOOL, assert_error, chat, sse_events
@@ -285,18 +285,20 @@ def test_an_arrival_is_closed_when_a_stream_is_refused_before_it_starts():
     assert service.arrivals == [[True]]
 
 
-def test_the_backend_is_checked_with_its_protocol_and_its_capability_flags_gate_routes():
+def test_the_backend_is_checked_with_its_protocol_and_its_missing_apis_are_404s():
     """`create_app` takes a `ServingBackend` (checked with isinstance); a backend without the Responses or
-    Messages API says so with its flags, and those routes are 404s that never reach its methods."""
+    Messages API has None for that adapter, and those routes are 404s."""
     service = FakeService()
-    assert isinstance(service, ServingBackend) and not service.supports_responses
+    assert isinstance(service, ServingBackend) and service.responses is None and service.anthropic is None
+    assert isinstance(service.chats, WireApi) and isinstance(service.texts, WireApi)
     with TestClient(create_app(service)) as client:
         assert_error(client.post("/v1/responses", json={"input": "hi"}), 404)
         assert client.post("/v1/messages", json={"model": "m", "max_tokens": 5,
                                                  "messages": [{"role": "user", "content": "hi"}]}).status_code == 404
 
-    class Partial:  # the chat methods alone: not a ServingBackend
+    class Partial:  # the chat API alone: not a ServingBackend
         model_id, max_context = "m", 8
+        chats = service.chats
 
         def stats(self) -> dict:
             return {}

@@ -1,8 +1,8 @@
 """`/v1/completions` on the serving pipeline: a prompt (text or token ids) in, the engine's text out.
 
 Contract: `TextCompletions(pipeline)` serves `CompletionRequest`s on a `ChatPipeline` (its tokenizer,
-prompt checks, sampling and engine). `completion(request)` returns a
-`text_completion` with `n` choices; `completion_stream(request)` a `ChunkStream` of `text_completion`
+prompt checks, sampling and engine). `answer(request)` returns a
+`text_completion` with `n` choices; `stream(request)` a `ChunkStream` of `text_completion`
 chunks (each carries one choice's `index`; `n` choices interleave as the engine produces them), its
 `usage` set at the end and sent as a last chunk only with `include_usage`; `echo` puts the prompt's
 text before each choice's text. A failure after the first chunk is one error chunk that ends the
@@ -48,7 +48,7 @@ class TextCompletions:
         constraint = (lambda: self.pipeline.output_constraint(output)) if output is not None else None
         return self.pipeline.requests(ids, sampling, request.n, constraint)
 
-    async def completion(self, request: CompletionRequest) -> dict:
+    async def answer(self, request: CompletionRequest) -> dict:
         p = self.pipeline
         await p.compile_output(request.output)
         ids, sampling, echo = self._prepare(request)
@@ -58,7 +58,7 @@ class TextCompletions:
                              cached_tokens=max(r.cached_tokens for r in results))
         return shapes.text_completion(shapes.new_id("cmpl"), p.model_id, choices, usage)
 
-    def completion_stream(self, request: CompletionRequest) -> ChunkStream:
+    def stream(self, request: CompletionRequest) -> ChunkStream:
         return ChunkStream(lambda stream: self._chunks(request, stream))
 
     async def _chunks(self, request: CompletionRequest, stream: ChunkStream) -> AsyncIterator[dict]:

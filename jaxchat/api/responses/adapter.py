@@ -2,9 +2,9 @@
 
 Contract: `ResponsesApi(pipeline)` serves the OpenAI Responses API on a `ChatPipeline`; it runs the
 request's `chat` (a `ChatRequest`: same template, grammar, engine and parser as chat completions) and
-writes the result with `jaxchat.api.responses_shapes.ResponseWriter`. `response(request)` returns the
+writes the result with `jaxchat.api.responses.shapes.ResponseWriter`. `answer(request)` returns the
 `response` object (status "completed", or "incomplete" with `incomplete_details.reason`
-"max_output_tokens"); `response_stream(request)` returns a `ChunkStream` of Responses events
+"max_output_tokens"); `stream(request)` returns a `ChunkStream` of Responses events
 (`response.created`, `response.in_progress`, the items' events, then `response.completed` /
 `response.incomplete`; a generation that fails after the first event ends with `response.failed`),
 written from the `ChatRun`'s parser deltas, never by re-parsing; its `usage` (chat-shaped, for the
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from jaxchat.api import responses_shapes as rs
 from jaxchat.api import shapes
 from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.pipeline import ChatPipeline
-from jaxchat.api.responses_request import ResponsesRequest
+from jaxchat.api.responses import shapes as rs
+from jaxchat.api.responses.request import ResponsesRequest
 
 __all__ = ["ResponsesApi"]
 
@@ -30,7 +30,7 @@ class ResponsesApi:
     def __init__(self, pipeline: ChatPipeline) -> None:
         self.pipeline = pipeline
 
-    async def response(self, request: ResponsesRequest) -> dict:
+    async def answer(self, request: ResponsesRequest) -> dict:
         p = self.pipeline
         prepared, results = await p.complete_chat(request.chat)
         msg, finish, result = results[0]
@@ -40,7 +40,7 @@ class ResponsesApi:
                                        p.count_tokens(msg.reasoning_content), result.cached_tokens))
         return writer.response
 
-    def response_stream(self, request: ResponsesRequest) -> ChunkStream:
+    def stream(self, request: ResponsesRequest) -> ChunkStream:
         return ChunkStream(lambda stream: self._events(request, stream))
 
     async def _events(self, request: ResponsesRequest, stream: ChunkStream) -> AsyncIterator[dict]:

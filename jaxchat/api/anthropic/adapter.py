@@ -2,9 +2,9 @@
 
 Contract: `MessagesApi(pipeline)` serves the Anthropic Messages API on a `ChatPipeline`; it runs
 the `ChatRequest` `jaxchat.api.parse_messages_request` read (same template, grammar, engine and
-parser as chat completions) and writes the result with `jaxchat.api.messages_shapes`.
-`messages(request)` returns the `message` object, from the message `complete_chat` parsed once;
-`messages_stream(request)` returns a `ChunkStream` of Messages events (`message_start`, the content
+parser as chat completions) and writes the result with `jaxchat.api.anthropic.shapes`.
+`answer(request)` returns the `message` object, from the message `complete_chat` parsed once;
+`stream(request)` returns a `ChunkStream` of Messages events (`message_start`, the content
 blocks' events, `message_delta`, `message_stop`; a generation that fails after the first event ends
 with one `error` event), written from the `ChatRun`'s parser deltas, never by re-parsing; its `usage`
 (chat-shaped, for the server's metrics) is set when the message is complete. `stop_reason` is
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from jaxchat.api import messages_shapes as ms
 from jaxchat.api import shapes
+from jaxchat.api.anthropic import shapes as ms
 from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
 from jaxchat.api.pipeline import ChatPipeline
@@ -30,13 +30,13 @@ class MessagesApi:
     def __init__(self, pipeline: ChatPipeline) -> None:
         self.pipeline = pipeline
 
-    async def messages(self, request: ChatRequest) -> dict:
+    async def answer(self, request: ChatRequest) -> dict:
         prepared, results = await self.pipeline.complete_chat(request)
         msg, finish, result = results[0]
         return ms.message_json(self.pipeline.model_id, msg, finish, result.stop_reason, len(prepared.prompt_ids),
                                result.num_tokens, request.sampling.stop)
 
-    def messages_stream(self, request: ChatRequest) -> ChunkStream:
+    def stream(self, request: ChatRequest) -> ChunkStream:
         return ChunkStream(lambda stream: self._events(request, stream))
 
     async def _events(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:

@@ -1,9 +1,9 @@
 """`/v1/chat/completions` on the serving pipeline: a `ChatRequest` in, a `chat.completion` or its chunks out.
 
 Contract: `ChatCompletions(pipeline)` serves OpenAI chat completions on a `ChatPipeline`.
-`chat_completion(request)` returns the `chat.completion` dict (with `usage`), each choice parsed once
+`answer(request)` returns the `chat.completion` dict (with `usage`), each choice parsed once
 (`ChatPipeline.complete_chat`); under tool_choice "required" or named, `content` is null.
-`chat_completion_stream(request)` returns a `ChunkStream` of `chat.completion.chunk` dicts written from
+`stream(request)` returns a `ChunkStream` of `chat.completion.chunk` dicts written from
 the `ChatRun`'s parser deltas (a role chunk per choice, the deltas, a finish chunk per choice, and a
 usage chunk only with `include_usage`), whose `usage` is set when the response is complete; a custom tool's
 call (`{"type": "custom", "custom": {"name", "input"}}`) streams its input in pieces as its arguments stream
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from jaxchat.api import shapes
 from jaxchat.api.chat_run import ChatRun
 from jaxchat.api.chunk_stream import ChunkStream
-from jaxchat.api.custom_calls import CustomCalls
+from jaxchat.api.openai.custom_calls import CustomCalls
 from jaxchat.api.pipeline import ChatPipeline, calls_only
 from jaxchat.api.request import ChatRequest
 
@@ -30,7 +30,7 @@ class ChatCompletions:
     def __init__(self, pipeline: ChatPipeline) -> None:
         self.pipeline = pipeline
 
-    async def chat_completion(self, request: ChatRequest) -> dict:
+    async def answer(self, request: ChatRequest) -> dict:
         p = self.pipeline
         prepared, results = await p.complete_chat(request)
         choices, completion_tokens, reasoning_tokens, cached_tokens = [], 0, 0, 0
@@ -44,7 +44,7 @@ class ChatCompletions:
         usage = shapes.usage(len(prepared.prompt_ids), completion_tokens, reasoning_tokens, cached_tokens)
         return shapes.chat_completion(shapes.new_id("chatcmpl"), p.model_id, choices, usage)
 
-    def chat_completion_stream(self, request: ChatRequest) -> ChunkStream:
+    def stream(self, request: ChatRequest) -> ChunkStream:
         return ChunkStream(lambda stream: self._chunks(request, stream))
 
     async def _chunks(self, request: ChatRequest, stream: ChunkStream) -> AsyncIterator[dict]:
