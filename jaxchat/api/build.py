@@ -6,13 +6,14 @@ Contract: `build_chat_service(model=None, config=None, constrained=True, data_pa
 `settings` (its fields: `max_batch`, `dtype`, `quantize` "int8" for int8 weights, ...; and `warmup`, `start`)
 changed, starts an engine (`data_parallel` N > 1: N replicas, each over
 1/N of the devices with `max_batch` rows, behind one front, `engine.replicas`; None: its default) and, unless `constrained` is False, a
-grammar engine over the same tokenizer and vocabulary, and returns the `ChatService` serving it
-under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request
+grammar engine over the same tokenizer and vocabulary (xgrammar imported while the weights load, the engine
+built while the first programs compile or load), and returns the `ChatService` serving it under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request
 readers and shapes of `jaxchat.api` load without them.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from jaxchat.api.service import ChatService
@@ -50,11 +51,41 @@ def default_programs() -> str:
 def build_chat_service(model=None, config=None, *, constrained: bool = True, data_parallel: int | None = None,
                        **settings) -> ChatService:
     from jaxchat.assets import DEFAULT_MODEL, asset_path
-    from jaxchat.constrain import GrammarEngine
     from jaxchat.engine import replicas
 
     if model is None:
         model = asset_path(DEFAULT_MODEL)
-    engine = replicas.from_path(str(model), data_parallel, config, **settings)
-    grammar = GrammarEngine(engine.tokenizer, vocab_size=engine.model.config.vocab_size) if constrained else None
+    warmup, start = settings.pop("warmup", True), settings.pop("start", True)
+    # xgrammar (and the torch it imports) loads while the weights load, and the grammar engine reads the
+    # vocabulary while the step programs compile or load: a warm start is ready seconds sooner
+    with ThreadPoolExecutor(1, thread_name_prefix="jaxchat-grammar") as pool:
+        grammar_class = pool.submit(_grammar_engine_class) if constrained else None
+        engine = replicas.from_path(str(model), data_parallel, config, warmup=False, start=False, **settings)
+        try:
+            grammar = (pool.submit(_grammar_engine, grammar_class, engine.tokenizer, engine.model.config.vocab_size)
+                       if grammar_class is not None else None)
+            if warmup:
+                engine.warm_up()
+            grammar = grammar.result() if grammar is not None else None
+            if start:
+                engine.start()
+        except BaseException:
+            engine.shutdown()
+            raise
     return ChatService(engine, model_id_for(model), grammar)
+
+
+def _grammar_engine_class():
+    from jaxchat.constrain import GrammarEngine
+
+    return GrammarEngine
+
+
+def _grammar_engine(grammar_class, tokenizer, vocab_size: int):
+    try:
+        cls = grammar_class.result()
+    except ImportError:
+        raise
+    except Exception:  # noqa: BLE001 - an import that raced the main thread's (a detected lock cycle): once more
+        cls = _grammar_engine_class()
+    return cls(tokenizer, vocab_size=vocab_size)

@@ -18,7 +18,7 @@ Contract:
   running or waiting, counted by this front from routing to the final delta; ties to the first). A request
   announced with `expect_request()` is routed when announced (the announced replica gathers the burst and
   counts it), so a burst of arrivals spreads before any reaches an engine. `abort`, `prompt_fits`,
-  `start`, `shutdown` (`close`) go to the replicas; `stats()` sums their counts (`max_context`, `kv_page_size`
+  `warm_up` (in parallel threads), `start`, `shutdown` (`close`) go to the replicas; `stats()` sums their counts (`max_context`, `kv_page_size`
   are one replica's; `replicas` is N); `model`, `tokenizer`, `eos_token_ids` are the first replica's.
 """
 
@@ -129,14 +129,14 @@ def from_path(path: str | Path, data_parallel: int | None = None, config: Engine
             group_mesh = make_mesh(group)
             engines.append(Engine(load_model(path, config.dtype, group_mesh, quantize=config.quantize),
                                   config=config, mesh=group_mesh, warmup=False, start=start))
-        if warmup:  # each replica compiles its own programs (bound to its devices): all at once
-            with ThreadPoolExecutor(n, thread_name_prefix="jaxchat-warmup") as pool:
-                list(pool.map(Engine.warm_up, engines))
+        front = Replicas(engines)
+        if warmup:
+            front.warm_up()
     except BaseException:
         for engine in engines:
             engine.shutdown()
         raise
-    return Replicas(engines)
+    return front
 
 
 @dataclasses.dataclass
@@ -243,6 +243,11 @@ class Replicas:
         return all(engine.prompt_fits(tokens) for engine in self.engines)
 
     # ---- lifecycle and gauges -------------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """Each replica compiles its own programs (bound to its devices): all at once."""
+        with ThreadPoolExecutor(len(self.engines), thread_name_prefix="jaxchat-warmup") as pool:
+            list(pool.map(Engine.warm_up, self.engines))
+
     def start(self) -> None:
         for engine in self.engines:
             engine.start()

@@ -15,6 +15,9 @@ Contract:
   Any OSError turns the writer off: a read-only or full cache only costs speed.
 - `open_cache(file)` -> (safetensors handle, metadata), or (None, None) when absent, unreadable or without
   checksums.
+- `mapped_tensors(file)` -> each tensor of the file as a read-only numpy view of one memory map of it (no copy
+  until the caller copies: the loader copies each once, into the param it fills), with its shape and its slices
+  (a multi-host process's blocks) as views too.
 - `damage(file, metadata, source)` -> None when the cache holds what it says, else why not: the source GGUF's
   content is not the one it was made from (a file replaced with the same size and mtime), its metadata (config,
   chat template) or a tensor's bytes do not match their checksums (a damaged file), or the check itself could
@@ -175,6 +178,28 @@ def open_cache(file: Path | None):
         return handle, meta
     except Exception:  # noqa: BLE001 - unreadable or damaged: dequantise again (and rewrite it)
         return None, None
+
+
+def mapped_tensors(file: Path) -> dict[str, tuple[tuple[int, ...], np.ndarray]]:
+    """name -> (shape, a read-only float32 view of the file's memory map); the map lives as long as a view."""
+    import mmap
+
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        layout = json.loads(f.read(length))
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped.madvise(mmap.MADV_WILLNEED)  # the kernel reads ahead while the first tensors are copied
+    out = {}
+    for name, entry in layout.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] != "F32":
+            raise ValueError(f"tensor {name} is {entry['dtype']}, not F32")
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        view = np.frombuffer(mapped, "<f4", (end - begin) // 4, 8 + length + begin).reshape(shape)
+        out[name] = (shape, view)
+    return out
 
 
 def damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:

@@ -175,10 +175,10 @@ def dequantized_cache_file(path: Path) -> Path | None:
     return dequant_cache.cache_file(path)
 
 
-def _cached_tensors(handle) -> dict[str, Tensor]:
-    return {name: Tensor(tuple(handle.get_slice(name).get_shape()), lambda name=name: handle.get_tensor(name),
-                         lambda index, name=name: handle.get_slice(name)[index])  # a process's block (multi-host)
-            for name in handle.keys()}  # noqa: SIM118 - safe_open handles are not iterable
+def _cached_tensors(cache: Path) -> dict[str, Tensor]:
+    """The cache's tensors as views of its memory map: `assemble` copies each once, into its param."""
+    return {name: Tensor(shape, lambda view=view: view, lambda index, view=view: view[index])  # index: multi-host
+            for name, (shape, view) in dequant_cache.mapped_tensors(cache).items()}
 
 
 def _config_json(cfg: ModelConfig) -> str:
@@ -262,7 +262,7 @@ def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = Tr
     writer = None
     if handle is not None:
         cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
-        tensors, where = _cached_tensors(handle), str(cache)
+        tensors, where = _cached_tensors(cache), str(cache)
     else:
         cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
         where = path.name

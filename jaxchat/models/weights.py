@@ -76,7 +76,7 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
     np_dtype = np.dtype(jax.numpy.dtype(dtype))
     if mesh is not None and mesh.is_multi_process:
         return graphdef, _assemble_local_blocks(cfg, tab, tensors, shapes, dtype, mesh, desc)
-    buffers = {p: np.zeros(s, np_dtype) for p, (s, _) in shapes.items()}
+    buffers = {p: host_buffer(s, np_dtype) for p, (s, _) in shapes.items()}
     filled = {p: 0 for p in shapes}
     read = 0
     for e in tab.values():
@@ -115,6 +115,19 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
 
 
 COPY_BLOCK_BYTES = 1 << 22
+
+
+def host_buffer(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised array for a param (every value is written before it is placed), page-aligned and with its
+    pages mapped up front: the kernel maps them in one call instead of one fault per page during the copy, and
+    on CPU `jax.device_put` takes an aligned array without copying it."""
+    import mmap
+
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if nbytes < mmap.PAGESIZE:
+        return np.empty(shape, dtype)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype).reshape(shape)
 
 
 def copy_into(dest: np.ndarray, src: np.ndarray) -> None:

@@ -281,3 +281,34 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
     assert any((np.asarray(a) != np.asarray(b)).any()
                for a, b in zip(jax.tree.leaves(fresh.params), jax.tree.leaves(changed.params), strict=True))
     reload_and_check("is not the file it was made from", changed)
+
+
+def test_the_converted_weights_cache_is_read_as_views_of_its_memory_map_and_placed_without_a_host_copy(
+        tmp_path, monkeypatch):
+    """A second load reads the cache's tensors as views of one memory map (equal to what the safetensors library
+    reads, no array of their own), copies each once into its param's page-aligned buffer, and on CPU
+    `jax.device_put` takes that buffer as the device array's memory (no second copy); the params equal the first
+    load's."""
+    import jax
+
+    from jaxchat.models import dequant_cache, gguf_loader
+    from jaxchat.models.weights import host_buffer
+
+    source = tiny_llama_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
+    first = gguf_loader.load_gguf(source, tokenizer=False)  # dequantises, writes the cache
+    cache = gguf_loader.dequantized_cache_file(source)
+    reference = load_file(str(cache))
+    mapped = dequant_cache.mapped_tensors(cache)
+    assert set(mapped) == set(reference)
+    for name, (shape, view) in mapped.items():
+        assert shape == reference[name].shape and not view.flags.owndata and not view.flags.writeable
+        np.testing.assert_array_equal(view, reference[name])
+    buffer = host_buffer((64, 256), np.float32)
+    assert buffer.ctypes.data % 4096 == 0
+    buffer[...] = 3.0
+    placed = jax.device_put(buffer)
+    assert np.shares_memory(np.asarray(placed), buffer)  # the device array is the buffer: no copy
+    second = gguf_loader.load_gguf(source, tokenizer=False)
+    for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
