@@ -24,13 +24,14 @@ import numpy as np
 from jaxchat.engine.attention_xla import XlaAttention
 from jaxchat.engine.compile_level import FAST_COMPILE_OPTIONS, param_count
 from jaxchat.models.kv import StepInputs
+from tests.conftest import FAST_COMPILE_PARAMS
 
 # A tiny model's programs here run a few times each: compiled with the engine's fast-compile options (XLA's
 # lowest backend level, XLA:CPU's loop emitters) their compile time, most of a model test's, drops to about a
 # half (tests/models/test_parity.py alone, cold: 181 s -> 105 s; the ops, and so the numbers checked, are the
 # same). A real checkpoint's run the other way: its unoptimised steps cost more than the compile saves
 # (tests/models/test_real_weights.py 105 s -> 78 s with XLA's defaults), so it compiles as users get it.
-TINY_PARAMS = 50_000_000
+TINY_PARAMS = FAST_COMPILE_PARAMS  # one threshold for the suite: tests/conftest.py's
 
 
 def compiler_options(lm, fast: bool | None = None) -> dict:
