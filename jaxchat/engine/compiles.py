@@ -9,14 +9,15 @@ around every backend compile (a persistent-cache hit still counts: it is a compi
 
 `Tally` counts the same events for one owner (an engine): only those in threads inside its `counting()`
 block (JAX compiles in the thread that calls the program), so engines side by side in one process each see
-their own compiles.
+their own compiles; `counted_here(fn)` carries the calling thread's tallies to whichever thread runs `fn`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from jax import monitoring
 
@@ -26,6 +27,7 @@ _lock = threading.Lock()
 _names: list[str] = []
 _cache_hits = [0]
 _local = threading.local()  # .tallies: the `Tally`s counting in this thread
+T = TypeVar("T")
 
 
 class Tally:
@@ -44,6 +46,23 @@ class Tally:
             yield self
         finally:
             tallies.remove(self)
+
+
+def counted_here(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn`, counting its compiles, in whichever thread runs it, into the tallies counting in the calling thread
+    (work handed to a thread pool)."""
+    tallies = list(_thread_tallies())
+
+    def run(*args, **kwargs) -> T:
+        mine = _local.__dict__.setdefault("tallies", [])
+        mine.extend(tallies)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for tally in tallies:
+                mine.remove(tally)
+
+    return run
 
 
 def _thread_tallies() -> list[Tally]:

@@ -134,29 +134,52 @@ class ExecutableStore:
 def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:
     """Lower and compile with JAX's persistent compilation cache off: on XLA:CPU an executable loaded from that
     cache serializes without some of its kernels ("Function ... not found" when the copy runs), so a program
-    that is to be written must be compiled for real. (JAX memoizes whether its cache is in use: reset around.)"""
+    that is to be written must be compiled for real."""
+    with _CACHE_OFF:  # the setting is process-wide: off while any such compile runs (several may, in parallel)
+        return program.lower(*args).compile()
+
+
+class _CacheOffWhileCompiling:
+    """JAX's persistent compilation cache turned off when the first of the compiles inside enters, and back to
+    its setting when the last leaves, so compiles that must not touch it can run in parallel threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._enabled = False
+        self._level = logging.NOTSET
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                self._enabled, self._level = jax.config.jax_enable_compilation_cache, _jax_cache_log().level
+                _jax_cache_log().setLevel(max(self._level, logging.WARNING))  # "Resetting cache at ...", at INFO
+                _use_compilation_cache(False)
+            self._inside += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                _use_compilation_cache(self._enabled)
+                _jax_cache_log().setLevel(self._level)
+
+
+def _jax_cache_log() -> logging.Logger:
     from jax._src import compilation_cache
 
-    with _AFRESH:  # the setting is process-wide: one such compile at a time (background threads, replicas)
-        return _compile_with_cache_off(program, args, compilation_cache)
+    return logging.getLogger(compilation_cache.__name__)
 
 
-_AFRESH = threading.Lock()
+def _use_compilation_cache(enabled: bool) -> None:
+    """Turn JAX's persistent cache on or off (JAX memoizes whether its cache is in use: reset it)."""
+    from jax._src import compilation_cache
 
-
-def _compile_with_cache_off(program: Any, args: tuple, compilation_cache: Any) -> jax.stages.Compiled:
-    enabled = jax.config.jax_enable_compilation_cache
-    jax_log = logging.getLogger(compilation_cache.__name__)
-    level = jax_log.level
-    jax_log.setLevel(max(level, logging.WARNING))  # "Resetting cache at ..." twice per program, at INFO
-    jax.config.update("jax_enable_compilation_cache", False)
+    jax.config.update("jax_enable_compilation_cache", enabled)
     compilation_cache.reset_cache()
-    try:
-        return program.lower(*args).compile()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
-        compilation_cache.reset_cache()
-        jax_log.setLevel(level)
+
+
+_CACHE_OFF = _CacheOffWhileCompiling()
 
 
 def program_identity(model: Any) -> str:

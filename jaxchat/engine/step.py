@@ -57,6 +57,7 @@ Contract:
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -68,6 +69,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxchat.bitmask import mask_words
 from jaxchat.engine.compile_level import step_compiler_options
+from jaxchat.engine.compiles import counted_here
 from jaxchat.engine.executables import ExecutableStore
 from jaxchat.engine.plan import RowInput
 from jaxchat.engine.program_catalogue import ProgramCatalogue
@@ -414,18 +416,19 @@ class StepRunner:
                     f"|options={sorted(self._options_of(key).items())}")
         return self.executables.load_or_compile(identity, program, args)
 
-    def warmup(self, progress: Callable[[int, int], None] | None = None, prime: bool = True,
-               keys: Sequence[ProgramKey] | None = None) -> None:
+    def warmup(self, progress: Callable[[ProgramKey, float], None] | None = None, prime: bool = True,
+               keys: Sequence[ProgramKey] | None = None, workers: int = 1) -> None:
         """Compile every program (or `keys` only) ahead of time (lowered for exactly the arguments `run` passes,
-        then jit reuses the executable), or load it from the executable store / persistent compilation cache.
-        `prime`: then run once each step of at most `PRIME_TOKENS` tokens on empty rows (nothing written), so no
-        request pays a program's first-run cost. Not on a multi-process mesh (every process would have to run
-        them in step). `progress(done, total)` is called after each program."""
+        then jit reuses the executable), or load it from the executable store / persistent compilation cache;
+        `workers` of them at once, on threads. `prime`: then run once each step of at most `PRIME_TOKENS` tokens
+        on empty rows (nothing written), so no request pays a program's first-run cost. Not on a multi-process
+        mesh (every process would have to run them in step). `progress(key, seconds)` is called after each
+        program, with the seconds it took."""
         keys = list(self.program_keys() if keys is None else keys)
-        for i, key in enumerate(keys):
-            self.adopt(key, self.compile(key))
+        for key, compiled, seconds in compile_each(self.compile, keys, workers):
+            self.adopt(key, compiled)
             if progress is not None:
-                progress(i + 1, len(keys))
+                progress(key, seconds)
         if prime and jax.process_count() == 1:
             for key in keys:
                 if not key.is_sampler and key.tokens <= PRIME_TOKENS and key.sampler() in self._compiled:
@@ -441,6 +444,23 @@ class StepRunner:
         self._programs.clear()
         self._ones.clear()
         self.state = self.params = self._logits = self._out = None
+
+
+def compile_each(compile_one: Callable[[ProgramKey], Any], keys: Sequence[ProgramKey], workers: int = 1):
+    """(key, compiled, seconds) for each of `keys`, in their order, compiled by `workers` threads at once (XLA
+    compiles outside the GIL); the first failure is raised after the compiles under way end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def timed(key: ProgramKey) -> tuple[ProgramKey, Any, float]:
+        start = time.perf_counter()
+        compiled = compile_one(key)
+        return key, compiled, time.perf_counter() - start
+
+    if workers <= 1 or len(keys) <= 1:
+        yield from map(timed, keys)
+        return
+    with ThreadPoolExecutor(min(workers, len(keys)), thread_name_prefix="jaxchat-compile") as pool:
+        yield from pool.map(counted_here(timed), keys)  # the pool's compiles count as the caller's
 
 
 def uniform_inputs(batch: int, length: int, page_size: int, start: int = 0, context: int | None = None) -> StepInputs:

@@ -222,3 +222,47 @@ def test_the_background_goes_sampler_then_forward_so_each_is_usable_at_once():
 def test_an_unknown_program_set_is_a_clear_error():
     with pytest.raises(ValueError, match="programs 'some': choose one of background, all, first"):
         Engine(FakeModel(TOK, eos=(EOS,)), programs="some", **SHAPES)
+
+
+def test_background_compiles_run_workers_at_once_in_order_and_count_in_the_engines_tally():
+    """With `workers` > 1 the background takes the keys in their order, several compile at once on their own
+    threads, each is adopted as it is ready, and every compile counts in the engine's tally (the threads inherit
+    nothing: each counts itself in)."""
+    import time
+
+    import jax.numpy as jnp
+
+    from jaxchat.engine.compiles import Tally
+
+    keys = [ProgramKey.sample(r) for r in (1, 2, 4, 8)]
+    started, adopted, running, peak, lock = [], [], [0], [0], threading.Lock()
+
+    class Runner:
+        released = False
+
+        def compile(self, key):
+            with lock:
+                started.append(key)
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.2)
+            jnp.zeros(key.rows + 7919).block_until_ready()  # one real compile each (a new shape)
+            with lock:
+                running[0] -= 1
+            return threading.current_thread().name
+
+        def adopt(self, key, compiled):
+            adopted.append((key, compiled))
+
+        def programs_ready(self):
+            return len(adopted)
+
+        def program_keys(self):
+            return keys
+
+    tally, seconds = Tally(), {}
+    engine_module._compile_in_background(Runner(), keys, tally, seconds, workers=2)
+    assert started == keys and sorted(k for k, _ in adopted) == sorted(keys) and set(seconds) == set(keys)
+    assert peak[0] == 2 and len({thread for _, thread in adopted}) == 2
+    assert tally.compiles >= len(keys)
+    assert engine_module.background_workers() >= 1 and engine_module.compile_workers(3) >= 1

@@ -74,3 +74,44 @@ def test_a_damaged_file_is_compiled_again_and_rewritten(tmp_path, caplog):
     again = ExecutableStore(tmp_path, "model-a")
     again.load_or_compile("step", PROGRAM, _args())
     assert again.loaded == 1  # the rewritten file loads
+
+
+def test_compiles_for_the_store_run_in_parallel_with_jaxs_cache_off_and_restore_it_after_the_last(tmp_path,
+                                                                                                monkeypatch):
+    """Programs compiled for the store bypass JAX's persistent cache (a program it returns would not serialize
+    whole on XLA:CPU). Several compile at once on threads: the cache is off while any of them runs, and back
+    on once the last one ends; every program is stored and loads again."""
+    import threading
+
+    real_compile = jax.stages.Lowered.compile
+    inside, seen, both = [0], [], threading.Barrier(2, timeout=20)
+
+    def watched(self, *a, **k):
+        inside[0] += 1
+        seen.append(jax.config.jax_enable_compilation_cache)
+        both.wait()  # the two compiles overlap: neither waits for the other to finish
+        try:
+            return real_compile(self, *a, **k)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", watched)
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", True)
+    try:
+        store = ExecutableStore(tmp_path, "model-a")
+        threads = [threading.Thread(target=store.load_or_compile, args=(name, PROGRAM, _args(n)))
+                   for name, n in (("a", 8), ("b", 16))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen == [False, False] and inside == [0] and store.saved == 2
+        assert jax.config.jax_enable_compilation_cache is True  # restored after the last
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+    monkeypatch.setattr(jax.stages.Lowered, "compile", real_compile)
+    again = ExecutableStore(tmp_path, "model-a")
+    again.load_or_compile("a", PROGRAM, _args(8))
+    again.load_or_compile("b", PROGRAM, _args(16))
+    assert again.loaded == 2
