@@ -323,6 +323,7 @@ def _follow(model: str | None, rank: int, config) -> int:
 
     engine = Engine.from_path(model, config, start=False)
     link = FollowerLink.connect(rank, runner_signature(engine.runner))
+    engine.compile_rest(after_adopt=link.report_ready)  # process 0 takes each up once every process has it
     follow(engine.runner, link)
     logging.getLogger("jaxchat").info("Process 0 stopped: process %d stops too", rank)
     _leave_cluster()

@@ -84,8 +84,6 @@ def _grammar_engine_class():
 def _grammar_engine(grammar_class, tokenizer, vocab_size: int):
     try:
         cls = grammar_class.result()
-    except ImportError:
-        raise
-    except Exception:  # noqa: BLE001 - an import that raced the main thread's (a detected lock cycle): once more
-        cls = _grammar_engine_class()
+    except Exception:  # noqa: BLE001 - the import raced the main thread's (transformers' lazy module is not
+        cls = _grammar_engine_class()  # thread-safe: "cannot import name ..."): again, now that the model is loaded
     return cls(tokenizer, vocab_size=vocab_size)

@@ -8,12 +8,13 @@ Contract:
   `program_set.default_program_set()` (`JAXCHAT_PROGRAMS`, else "background"). Fields left None are "the
   platform's default". A value out of range or not among the choices is a ValueError naming the field.
 - `replace(**changes)`: a copy with those fields changed (an unknown name is a TypeError naming it).
-- `resolve(platform, processes=1)`: the same settings with every platform default filled in (`platform` as
+- `resolve(platform)`: the same settings with every platform default filled in (`platform` as
   `jax.Device.platform` says it: "cpu", "gpu", "tpu"): speculation "auto" → ngram on CPU, off elsewhere
   (`default_speculative`); `draft_tokens` → `DRAFT_TOKENS` with ngram, else 0; `page_size` → 16 on CPU and GPU,
   the Pallas kernel's guidance on TPU; `max_step_tokens` → 512 on CPU, 2048 elsewhere, never more than
-  `max_batch` × `max_context`; `programs` → the environment's default, and "background" → "all" in a cluster of
-  several processes (they must run the same programs at each step). Resolving a resolved config changes nothing.
+  `max_batch` × `max_context`; `programs` → the environment's default (in a cluster of several processes too: process
+  0 takes up a background program once every process has it, `Engine.compile_rest`). Resolving a resolved config
+  changes nothing.
 """
 
 from __future__ import annotations
@@ -105,11 +106,9 @@ class EngineConfig:
             raise TypeError(f"unknown engine setting{'s' * (len(unknown) > 1)}: {', '.join(unknown)}")
         return dataclasses.replace(self, **changes) if changes else self
 
-    def resolve(self, platform: str, processes: int = 1) -> EngineConfig:
+    def resolve(self, platform: str) -> EngineConfig:
         speculative = default_speculative(platform) if self.speculative == "auto" else self.speculative
         programs = self.programs or default_program_set()
-        if programs == "background" and processes > 1:
-            programs = "all"
         step_tokens = min(self.max_step_tokens or default_step_tokens(platform), self.max_batch * self.max_context)
         return dataclasses.replace(
             self, speculative=speculative, programs=programs, max_step_tokens=step_tokens,

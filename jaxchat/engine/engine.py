@@ -195,18 +195,38 @@ BACKGROUND_NICE = 19  # the background compiles' thread (and the compiler thread
 BACKGROUND_YIELD_S = 5.0  # the longest a background compile waits for the engine to be idle
 
 
+def in_cluster() -> bool:
+    """Whether this engine is one process of several (`jax.distributed`): they must build the same programs."""
+    return jax.process_count() > 1
+
+
 def background_workers() -> int:
     """How many programs compile at once in the background: half the cores less one, at least one (the other
     cores are the serving threads': the engine loop, grammar masks, the server); one in a cluster of processes."""
-    if jax.process_count() > 1:
+    if in_cluster():
         return 1
     return max(1, (os.cpu_count() or 1) // 2 - 1)
 
 
+def _adopter(runner: StepRunner, before: Callable[[ProgramKey], bool] | None,
+             after: Callable[[ProgramKey], None] | None) -> Callable[[ProgramKey, Any], None]:
+    """How a background compile hands a program over: `runner.adopt`, once `before(key)` says so (a false answer:
+    never), then `after(key)`."""
+    def adopt(key: ProgramKey, compiled: Any) -> None:
+        if before is not None and not before(key):
+            return
+        runner.adopt(key, compiled)
+        if after is not None:
+            after(key)
+
+    return adopt
+
+
 def _compile_in_background(runner: StepRunner, keys: list[ProgramKey], tally: Tally, seconds: dict,
-                           busy: Callable[[], bool] = lambda: False, workers: int = 1) -> None:
-    """Compile (or load) `keys` in their order, `workers` at once on threads, each adopted by the runner as it is
-    ready (the engine thread runs it from its next step on), at the lowest CPU priority (`BACKGROUND_NICE`, where
+                           busy: Callable[[], bool] = lambda: False, workers: int = 1,
+                           adopt: Callable[[ProgramKey, Any], None] | None = None) -> None:
+    """Compile (or load) `keys` in their order, `workers` at once on threads, each handed to `adopt` (default
+    `runner.adopt`) as it is ready (the engine thread runs it from its next step on), at the lowest CPU priority (`BACKGROUND_NICE`, where
     the OS sets it per thread), each one started when the engine is idle (`busy()` false) or has been busy for
     `BACKGROUND_YIELD_S` (so it goes on under a steady load); stops when the runner is released. A program that
     fails to compile is logged and left out (the steps keep to the others)."""
@@ -219,7 +239,7 @@ def _compile_in_background(runner: StepRunner, keys: list[ProgramKey], tally: Ta
         with contextlib.suppress(OSError, AttributeError):  # Linux: this thread only, below the serving threads
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         with tally.counting():
-            _compile_queued(runner, queue, lock, busy, seconds, bar)
+            _compile_queued(runner, queue, lock, busy, seconds, bar, adopt or runner.adopt)
 
     with tqdm(total=len(keys), desc="compiling in the background", unit="program", leave=False) as bar:
         helpers = [threading.Thread(target=work, args=(bar,), name="jaxchat-compile", daemon=True)
@@ -238,7 +258,7 @@ def _compile_in_background(runner: StepRunner, keys: list[ProgramKey], tally: Ta
 
 
 def _compile_queued(runner: StepRunner, queue: Iterator[ProgramKey], lock: threading.Lock,
-                    busy: Callable[[], bool], seconds: dict, bar: Any) -> None:
+                    busy: Callable[[], bool], seconds: dict, bar: Any, adopt: Callable[[ProgramKey, Any], None]) -> None:
     """One background worker: take the next key off the shared queue, wait for an idle engine (at most
     `BACKGROUND_YIELD_S`), compile it and hand it to the runner, until the queue is empty or the runner released."""
     while True:
@@ -258,8 +278,8 @@ def _compile_queued(runner: StepRunner, queue: Iterator[ProgramKey], lock: threa
             if not runner.released:
                 log.exception("background compile of program %s failed; steps run without it", key)
             continue
-        runner.adopt(key, compiled)
         seconds[key] = time.perf_counter() - start
+        adopt(key, compiled)
         bar.update(1)
 
 
@@ -267,7 +287,7 @@ def compile_workers(programs: int) -> int:
     """How many programs the warm-up compiles at once: one per core (XLA:CPU compiles one program on one core
     here: the default model's first 3, 12.3 s one after the other, 9.7 s on 2 threads), one in a cluster of
     several processes (each must build the same programs)."""
-    if jax.process_count() > 1:
+    if in_cluster():
         return 1
     return max(1, min(programs, os.cpu_count() or 1))
 
@@ -293,10 +313,11 @@ class Engine:
         settings.update({k: v for k, v in (("max_batch", max_batch), ("max_context", max_context)) if v is not None})
         self.mesh = mesh if mesh is not None else (model.mesh or make_mesh())
         platform = mesh_platform(self.mesh)
-        self.config = c = (config or EngineConfig()).replace(**settings).resolve(platform, jax.process_count())
+        self.config = c = (config or EngineConfig()).replace(**settings).resolve(platform)
         self.model = model
         self.compiles = Tally()  # this engine's compiles (its warm-up and its steps), not the process's
         self.warmup_seconds: dict[tuple, float] = {}  # program key -> seconds to compile or load it at warm-up
+        self._rest: list[ProgramKey] = []  # the programs the warm-up left to the background, until it starts
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.eos_token_ids)
         backend = attention_backend(c.attention, model.config, platform, c.page_size, self.mesh,
@@ -387,12 +408,23 @@ class Engine:
                  "" if len(keys) == total else "; the others compile in the background" if background
                  else "; the others are not compiled (programs: first)")
         if background and len(keys) < total:
-            first = set(keys)
-            rest = [k for k in background_order(runner.program_keys()) if k not in first]
-            self.core.background = threading.Thread(target=_compile_in_background,
-                                                    args=(runner, rest, self.compiles, self.warmup_seconds,
-                                                          self.core.has_work, background_workers()),
-                                                    name="jaxchat-compile", daemon=True)
+            self._rest = [k for k in background_order(runner.program_keys()) if k not in set(keys)]
+            if not in_cluster():  # a cluster's processes start theirs once linked (`compile_rest`)
+                self.compile_rest()
+
+    def compile_rest(self, before_adopt: Callable[[ProgramKey], bool] | None = None,
+                     after_adopt: Callable[[ProgramKey], None] | None = None) -> None:
+        """Start the background compiles of the programs the warm-up left (if any). In a cluster, process 0 adopts
+        a program once `before_adopt(key)` (`LeaderLink.wait_ready`: every process has it) and a follower reports
+        each it adopts (`after_adopt`: `FollowerLink.report_ready`), so every process's steps take up the same
+        programs at the same step: the followers only run the programs process 0's steps name."""
+        rest, self._rest = self._rest, []
+        if rest:
+            adopt = _adopter(self.runner, before_adopt, after_adopt)
+            self.core.background = threading.Thread(
+                target=_compile_in_background, name="jaxchat-compile", daemon=True,
+                args=(self.runner, rest, self.compiles, self.warmup_seconds, self.core.has_work, background_workers(),
+                      adopt))
             self.core.background.start()
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
@@ -430,6 +462,7 @@ class Engine:
         if self.core.thread is not None:
             raise RuntimeError("relay_steps must come before start()")
         self.core.runner = BroadcastRunner(self.runner, link)
+        self.compile_rest(before_adopt=link.wait_ready)
 
     def shutdown(self) -> None:
         """Stop the engine thread and release the device state and compiled programs (idempotent)."""

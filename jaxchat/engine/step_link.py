@@ -21,6 +21,10 @@ Contract:
   its monitor thread, and every later step call raises `ClusterLost`. A step that fails while the link is, or
   within `LOST_AFTER_S` becomes, lost raises `ClusterLost` too (a collective whose peer died). A follower
   exits with status 1 as soon as the leader's connection closes, even in the middle of a step.
+- Programs compiled in the background (`Engine.compile_rest`): a follower reports each it adopts
+  (`FollowerLink.report_ready(key)`, on its heartbeat connection); `LeaderLink.wait_ready(key)` returns once every
+  follower has (False if the cluster is lost or stopping), and only then does process 0 adopt it, so no step
+  names a program a follower lacks.
 - `LeaderLink.stop()` tells the followers to finish (their `follow` returns) and closes the link.
 Frames are 8-byte big-endian lengths and pickles; only the processes of one `jax.distributed` runtime, holding
 the token, connect.
@@ -28,6 +32,7 @@ the token, connect.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -94,6 +99,8 @@ class LeaderLink:
         self._lost = threading.Event()
         self.lost_reason: str | None = None
         self._stopping = False
+        self._ready: dict[int, set] = {pid: set() for pid in sockets}  # the programs each follower has adopted
+        self._ready_changed = threading.Condition()
         for pid, sock in sockets.items():
             threading.Thread(target=self._monitor, args=(pid, sock), name=f"jaxchat-link-{pid}", daemon=True).start()
 
@@ -149,15 +156,32 @@ class LeaderLink:
         sock.settimeout(LOST_AFTER_S)
         try:
             while True:
-                if _recv_frame(sock) is None:
+                frame = _recv_frame(sock)
+                if frame is None:
                     reason = f"process {pid} is gone (its connection closed)"
                     break
+                if frame:  # not a heartbeat: a program the follower has adopted
+                    kind, key = pickle.loads(frame)
+                    if kind == "ready":
+                        with self._ready_changed:
+                            self._ready[pid].add(key)
+                            self._ready_changed.notify_all()
         except TimeoutError:
             reason = f"process {pid} stopped answering (no heartbeat for {LOST_AFTER_S:.0f} s)"
         except OSError as exc:
             reason = f"process {pid}'s connection failed: {exc}"
         if not self._stopping:
             self._mark_lost(reason)
+
+    def wait_ready(self, key) -> bool:
+        """Wait until every follower has adopted program `key` (`FollowerLink.report_ready`): True, or False once
+        the cluster is lost or stopping (then it is never adopted)."""
+        with self._ready_changed:
+            while not all(key in ready for ready in self._ready.values()):
+                if self._lost.is_set() or self._stopping:
+                    return False
+                self._ready_changed.wait(0.5)
+        return True
 
     def _mark_lost(self, reason: str) -> None:
         with self._lost_lock:
@@ -238,6 +262,12 @@ class FollowerLink:
             except OSError:
                 return
             time.sleep(HEARTBEAT_S)
+
+    def report_ready(self, key) -> None:
+        """Tell process 0 this process has adopted program `key` (it may now name it in a step); nothing when
+        process 0 is gone (this process is stopping)."""
+        with self._send_lock, contextlib.suppress(OSError):
+            _send_frame(self._sock, pickle.dumps(("ready", key), protocol=pickle.HIGHEST_PROTOCOL))
 
     def next_call(self) -> tuple[str, tuple, dict]:
         return self._calls.get()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import types
 
 import pytest
@@ -266,3 +267,31 @@ def test_background_compiles_run_workers_at_once_in_order_and_count_in_the_engin
     assert peak[0] == 2 and len({thread for _, thread in adopted}) == 2
     assert tally.compiles >= len(keys)
     assert engine_module.background_workers() >= 1 and engine_module.compile_workers(3) >= 1
+
+
+def test_in_a_cluster_the_background_waits_to_be_linked_and_adopts_once_every_process_has_a_program(monkeypatch):
+    """In a cluster the warm-up leaves the rest to `compile_rest`, called once linked: on process 0 each program is
+    adopted only when `before_adopt` (every follower has it) says so, and a follower reports each it adopts; the
+    same programs end up ready on both, and nothing is adopted while the gate is shut."""
+    monkeypatch.setattr(engine_module, "in_cluster", lambda: True)  # the warm-up sees a cluster
+    leader = Engine(FakeModel(TOK, eos=(EOS,)), programs="background", start=False, **SHAPES)
+    follower = Engine(FakeModel(TOK, eos=(EOS,)), programs="background", start=False, **SHAPES)
+    monkeypatch.undo()
+    try:
+        first = set(leader.runner.first_keys())
+        assert leader.core.background is None and leader.runner.programs_ready() == len(first)  # not started yet
+        reported, gate = [], threading.Event()
+        follower.compile_rest(after_adopt=reported.append)
+        assert follower.wait_compiled(300)
+        rest = [k for k in background_order(follower.runner.program_keys()) if k not in first]
+        assert reported == rest and follower.runner.programs_ready() == len(follower.runner.program_keys())
+
+        leader.compile_rest(before_adopt=lambda key: gate.wait(300) and key in reported)
+        time.sleep(1.0)
+        assert leader.runner.programs_ready() == len(first)  # compiled, held back: the followers' answer is due
+        gate.set()
+        assert leader.wait_compiled(300)
+        assert leader.runner.programs_ready() == len(leader.runner.program_keys())
+    finally:
+        leader.shutdown()
+        follower.shutdown()

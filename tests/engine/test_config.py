@@ -77,8 +77,8 @@ def test_resolve_fills_each_platform_default_once():
     assert 128 <= tpu.page_size <= 256  # the Pallas kernel's guidance
     assert cpu.resolve("cpu") == cpu and tpu.resolve("tpu") == tpu
     assert EngineConfig(max_batch=2, max_context=64).resolve("gpu").max_step_tokens == 128  # never over the rows' room
-    assert base.replace(programs="background").resolve("tpu", processes=2).programs == "all"  # a cluster: all first
-    assert base.replace(programs="first").resolve("tpu", processes=2).programs == "first"
+    assert base.replace(programs="background").resolve("tpu").programs == "background"  # a cluster's too
+    assert base.replace(programs="first").resolve("tpu").programs == "first"
 
 
 @pytest.mark.parametrize(("changes", "error", "match"), [

@@ -110,3 +110,24 @@ def test_the_follower_notices_when_process_0_is_gone():
     for sock in leader._sockets.values():
         sock.shutdown(socket.SHUT_RDWR)
     assert gone.wait(60)
+
+
+def test_process_0_waits_until_every_follower_has_adopted_a_program():
+    """A follower reports each background program it adopts; the leader's `wait_ready` returns once every
+    follower has it (so process 0 adopts it only then), and False once the link is stopping (never adopted)."""
+    leader, follower = linked()
+    key = ("decode", 0, 2)
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(leader.wait_ready(key)))
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive() and not waited  # the follower has not reported it yet
+    follower.report_ready(("decode", 0, 1))  # another program: still waiting
+    time.sleep(0.3)
+    assert waiter.is_alive()
+    follower.report_ready(key)
+    waiter.join(timeout=10)
+    assert waited == [True]
+    assert leader.wait_ready(("decode", 0, 1)) is True  # reported earlier: at once
+    leader.stop()
+    assert leader.wait_ready(("ragged", 64, 4)) is False  # stopping: never adopted
