@@ -7,8 +7,9 @@ Contract: `build_chat_service(model=None, config=None, constrained=True, data_pa
 changed, starts an engine (`data_parallel` N > 1: N replicas, each over
 1/N of the devices with `max_batch` rows, behind one front, `engine.replicas`; None: its default) and, unless `constrained` is False, a
 grammar engine over the same tokenizer and vocabulary (xgrammar imported while the weights load, the engine
-built while the first programs compile or load), and returns the `ChatService` serving it under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request
-readers and shapes of `jaxchat.api` load without them.
+built while the first programs compile or load), and returns the `ChatService` serving it under
+`model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request readers and
+shapes of `jaxchat.api` load without them.
 """
 
 from __future__ import annotations

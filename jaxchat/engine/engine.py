@@ -226,8 +226,8 @@ def _compile_in_background(runner: StepRunner, keys: list[ProgramKey], tally: Ta
                            busy: Callable[[], bool] = lambda: False, workers: int = 1,
                            adopt: Callable[[ProgramKey, Any], None] | None = None) -> None:
     """Compile (or load) `keys` in their order, `workers` at once on threads, each handed to `adopt` (default
-    `runner.adopt`) as it is ready (the engine thread runs it from its next step on), at the lowest CPU priority (`BACKGROUND_NICE`, where
-    the OS sets it per thread), each one started when the engine is idle (`busy()` false) or has been busy for
+    `runner.adopt`) as it is ready (the engine thread runs it from its next step on), at the lowest CPU priority
+    (`BACKGROUND_NICE`, where the OS sets it per thread), each one started when the engine is idle (`busy()` false) or has been busy for
     `BACKGROUND_YIELD_S` (so it goes on under a steady load); stops when the runner is released. A program that
     fails to compile is logged and left out (the steps keep to the others)."""
     from tqdm import tqdm
@@ -258,7 +258,8 @@ def _compile_in_background(runner: StepRunner, keys: list[ProgramKey], tally: Ta
 
 
 def _compile_queued(runner: StepRunner, queue: Iterator[ProgramKey], lock: threading.Lock,
-                    busy: Callable[[], bool], seconds: dict, bar: Any, adopt: Callable[[ProgramKey, Any], None]) -> None:
+                    busy: Callable[[], bool], seconds: dict, bar: Any,
+                    adopt: Callable[[ProgramKey, Any], None]) -> None:
     """One background worker: take the next key off the shared queue, wait for an idle engine (at most
     `BACKGROUND_YIELD_S`), compile it and hand it to the runner, until the queue is empty or the runner released."""
     while True:

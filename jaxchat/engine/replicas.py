@@ -18,8 +18,8 @@ Contract:
   running or waiting, counted by this front from routing to the final delta; ties to the first). A request
   announced with `expect_request()` is routed when announced (the announced replica gathers the burst and
   counts it), so a burst of arrivals spreads before any reaches an engine. `abort`, `prompt_fits`,
-  `warm_up` (in parallel threads), `start`, `shutdown` (`close`) go to the replicas; `stats()` sums their counts (`max_context`, `kv_page_size`
-  are one replica's; `replicas` is N); `model`, `tokenizer`, `eos_token_ids` are the first replica's.
+  `warm_up` (in parallel threads), `start`, `shutdown` (`close`) go to the replicas; `stats()` sums their counts
+  (`max_context`, `kv_page_size` are one replica's; `replicas` is N); `model`, `tokenizer`, `eos_token_ids` are the first replica's.
 """
 
 from __future__ import annotations

@@ -180,13 +180,19 @@ def open_cache(file: Path | None):
         return None, None
 
 
+def _read_layout(f) -> tuple[int, dict]:
+    """(the header's length, the header: each tensor's dtype, shape and data offsets) of an open safetensors file;
+    the data starts at 8 + that length."""
+    length = int.from_bytes(f.read(8), "little")
+    return length, json.loads(f.read(length))
+
+
 def mapped_tensors(file: Path) -> dict[str, tuple[tuple[int, ...], np.ndarray]]:
     """name -> (shape, a read-only float32 view of the file's memory map); the map lives as long as a view."""
     import mmap
 
     with open(file, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        layout = json.loads(f.read(length))
+        length, layout = _read_layout(f)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     mapped.madvise(mmap.MADV_WILLNEED)  # the kernel reads ahead while the first tensors are copied
     out = {}
@@ -216,8 +222,7 @@ def _damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
     if file_crc32(source) != metadata["source_crc32"]:
         return f"{source.name} is not the file it was made from (its content changed)"
     with open(file, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        layout = json.loads(f.read(length))
+        length, layout = _read_layout(f)
     crcs = json.loads(metadata["tensor_crc32"])
     for name, entry in layout.items():
         if name == "__metadata__":
