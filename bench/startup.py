@@ -10,6 +10,7 @@ stopped only once every program is ready (`programs_ready` in /health), so the w
 `--runs K` repeats it all K times on fresh caches.
 
     python bench/startup.py [--model PATH] [--max-batch 8] [--max-context 4096] [--runs 1] [--against DIR]
+        [--keep-logs DIR]
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def main() -> None:
     ap.add_argument("--clear-weights", action="store_true",
                     help="remove the converted-weights cache before each cold start (default: keep what "
                          "scripts/bootstrap.sh's asset fetch filled, as a newcomer's first start finds it)")
+    ap.add_argument("--keep-logs", default=None, metavar="DIR", help="keep each start's log (and caches) in DIR")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="jaxchat-startup-"))
+    work = Path(args.keep_logs or tempfile.mkdtemp(prefix="jaxchat-startup-"))
+    work.mkdir(parents=True, exist_ok=True)
     roots = {"this": ROOT} if args.against is None else {"this": ROOT, "other": Path(args.against).resolve()}
     try:
         for run in range(args.runs):
@@ -141,7 +144,8 @@ def main() -> None:
                       f"{times['this', 'cold'] / times['other', 'cold']:.2f}, warm "
                       f"{times['this', 'warm'] / times['other', 'warm']:.2f}", flush=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep_logs is None:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ Contract: `build_chat_service(model=None, config=None, constrained=True, data_pa
 `settings` (its fields: `max_batch`, `dtype`, `quantize` "int8" for int8 weights, ...; and `warmup`, `start`)
 changed, starts an engine (`data_parallel` N > 1: N replicas, each over
 1/N of the devices with `max_batch` rows, behind one front, `engine.replicas`; None: its default) and, unless `constrained` is False, a
-grammar engine over the same tokenizer and vocabulary (xgrammar imported while the weights load, the engine
-built while the first programs compile or load), and returns the `ChatService` serving it under
+grammar engine over the same tokenizer and vocabulary (xgrammar imported and the grammar engine built while the
+first programs compile or load), and returns the `ChatService` serving it under
 `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request readers and
 shapes of `jaxchat.api` load without them.
 """
@@ -57,11 +57,20 @@ def build_chat_service(model=None, config=None, *, constrained: bool = True, dat
     if model is None:
         model = asset_path(DEFAULT_MODEL)
     warmup, start = settings.pop("warmup", True), settings.pop("start", True)
-    # xgrammar (and the torch it imports) loads while the weights load, and the grammar engine reads the
-    # vocabulary while the step programs compile or load: a warm start is ready seconds sooner
+    # xgrammar (and the torch it imports) loads, and then the grammar engine reads the vocabulary, while the KV
+    # pool is made and the step programs compile or load (work that leaves the GIL free): a warm start is ready
+    # seconds sooner. Beside the weights it would not be: their load is mostly imports and the tokenizer's,
+    # which hold the GIL too.
     with ThreadPoolExecutor(1, thread_name_prefix="jaxchat-grammar") as pool:
-        grammar_class = pool.submit(_grammar_engine_class) if constrained else None
-        engine = replicas.from_path(str(model), data_parallel, config, warmup=False, start=False, **settings)
+        imported: list = []
+
+        def import_grammar() -> None:
+            if constrained:
+                imported.append(pool.submit(_grammar_engine_class))
+
+        engine = replicas.from_path(str(model), data_parallel, config, warmup=False, start=False,
+                                    on_loaded=import_grammar, **settings)
+        grammar_class = imported[0] if imported else None
         try:
             grammar = (pool.submit(_grammar_engine, grammar_class, engine.tokenizer, engine.model.config.vocab_size)
                        if grammar_class is not None else None)

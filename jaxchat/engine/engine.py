@@ -438,10 +438,11 @@ class Engine:
 
     @classmethod
     def from_path(cls, path: str | None = None, config: EngineConfig | None = None, *,
-                  mesh: jax.sharding.Mesh | None = None, **settings: Any) -> Engine:
+                  mesh: jax.sharding.Mesh | None = None, on_loaded: Callable[[], Any] | None = None,
+                  **settings: Any) -> Engine:
         """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) with the config's `dtype` and
         `quantize` (`models.load.load_model`) and build an engine; `settings`: `Engine`'s (config fields,
-        `warmup`, `start`)."""
+        `warmup`, `start`); `on_loaded()` is called once the weights are loaded, before the engine is built."""
         from jaxchat.models import load_model
 
         if path is None:
@@ -451,8 +452,10 @@ class Engine:
         runtime = {k: settings.pop(k) for k in ("warmup", "start") if k in settings}
         config = (config or EngineConfig()).replace(**settings)
         mesh = mesh or make_mesh()
-        return cls(load_model(path, config.dtype, mesh, quantize=config.quantize), config=config, mesh=mesh,
-                   **runtime)
+        model = load_model(path, config.dtype, mesh, quantize=config.quantize)
+        if on_loaded is not None:
+            on_loaded()
+        return cls(model, config=config, mesh=mesh, **runtime)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -110,9 +110,11 @@ def plan(path: str | Path, data_parallel: int | None, devices: Sequence[Any], dt
 
 
 def from_path(path: str | Path, data_parallel: int | None = None, config: EngineConfig | None = None, *,
-              mesh: jax.sharding.Mesh | None = None, **settings: Any) -> Engine | Replicas:
+              mesh: jax.sharding.Mesh | None = None, on_loaded: Callable[[], Any] | None = None,
+              **settings: Any) -> Engine | Replicas:
     """One engine over the devices, or `data_parallel` replicas (None: the default plan); `config` with
-    `settings` (its fields, and `warmup`, `start`) changed."""
+    `settings` (its fields, and `warmup`, `start`) changed; `on_loaded()` is called once the first replica's
+    weights are loaded, before its engine is built."""
     warmup, start = settings.pop("warmup", True), settings.pop("start", True)
     config = (config or EngineConfig()).replace(**settings)
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
@@ -120,15 +122,18 @@ def from_path(path: str | Path, data_parallel: int | None = None, config: Engine
     log.info("Plan: %d data-parallel replica%s of %d device%s (%s)", n, "s" * (n > 1), len(devices) // n,
              "s" * (len(devices) // n > 1), why or "the default")
     if n == 1:
-        return Engine.from_path(str(path), config, mesh=mesh or make_mesh(devices), warmup=warmup, start=start)
+        return Engine.from_path(str(path), config, mesh=mesh or make_mesh(devices), on_loaded=on_loaded,
+                                warmup=warmup, start=start)
     from jaxchat.models import load_model
 
     engines: list[Engine] = []
     try:
         for group in split_devices(devices, n):
             group_mesh = make_mesh(group)
-            engines.append(Engine(load_model(path, config.dtype, group_mesh, quantize=config.quantize),
-                                  config=config, mesh=group_mesh, warmup=False, start=start))
+            model = load_model(path, config.dtype, group_mesh, quantize=config.quantize)
+            if on_loaded is not None and not engines:
+                on_loaded()
+            engines.append(Engine(model, config=config, mesh=group_mesh, warmup=False, start=start))
         front = Replicas(engines)
         if warmup:
             front.warm_up()

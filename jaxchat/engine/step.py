@@ -217,7 +217,7 @@ class StepRunner:
         self.pages_per_row = -(-max_context // self.page_size)
         self.prefix_reuse = model.prefix_reuse
         self.catalogue = ProgramCatalogue(token_buckets, decode_rows, ragged_rows, verify_buckets, max_batch,
-                                          model.prefix_reuse)
+                                          model.prefix_reuse, compute_bound=mesh_platform(mesh) == "cpu")
         c = self.catalogue
         self.token_buckets, self.decode_rows, self.ragged_rows = c.token_buckets, c.decode_rows, c.ragged_rows
         self.verify_buckets = c.verify_buckets

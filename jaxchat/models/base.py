@@ -166,7 +166,7 @@ class LoadedModel:
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        head_vd = jnp.transpose(head).copy()
+        head_vd = jnp.transpose(head)  # a new array: the transpose never aliases its operand
         if mesh is None:
             return head_vd
         spec = tuple(getattr(head.sharding, "spec", ())) + (None, None)

@@ -1,33 +1,34 @@
-"""The converted-weights cache of GGUF files: their dequantised float32 tensors in one safetensors file each,
-checked by content before they are used.
+"""The converted-weights cache of GGUF files: the model's params as the loader assembles them (dequantised,
+fixed up, transposed and stacked, float32) in one safetensors file each, checked by content before they are used.
 
 Contract:
 - `cache_file(path)`: where the GGUF file at `path` is cached:
   `$JAXCHAT_CACHE/dequantized/<stem>-<where>-<size>-<mtime_ns>-f32-v<VERSION>.safetensors` (`where`: a hash of
   the file's absolute path, so two `model.gguf` in two folders do not share one; size and mtime find it fast;
   the stored dtype and the format version are in the name); None when JAXCHAT_DEQUANT_CACHE=0.
-- `CacheWriter(file, shapes, metadata, source)` writes float32 tensors of known shapes into the file as they
-  are loaded (`wrap(name, tensor)`), one at a time (the layout is fixed up front, nothing is held in memory),
-  and publishes it (`finish`) only when every tensor was written, with checksums in its metadata: the CRC-32
-  of the source GGUF file's content (`source_crc32`), of the other metadata (`metadata_crc32`) and of each
-  tensor's bytes (`tensor_crc32`, a JSON object). Publishing removes the caches of the same path under other
-  sizes, mtimes or versions (stale files of gigabytes), and version 2's files of the same stem.
-  Any OSError turns the writer off: a read-only or full cache only costs speed.
+- `write_cache(file, params, metadata, source)` writes float32 `params` (name -> array; a param's name is its
+  path in the param tree joined by "/") with `metadata` (config, chat template) and content hashes (xxh3-64):
+  of the source GGUF file (`source_xxh3`), of the other metadata (`metadata_xxh3`) and of each param's bytes
+  (`param_xxh3`, a JSON object). Each param starts on a 64-byte boundary of the file (so a memory map of it is
+  aligned as XLA:CPU needs to take it as a device array's memory): the header is padded to it, and the params
+  whose sizes keep it come first. The file is written under a temporary name and published by a rename (a map
+  of the old file stays valid), which also removes the caches of the same path under other sizes, mtimes or
+  versions (stale files of gigabytes). Returns whether it was published: any OSError only costs speed.
 - `open_cache(file)` -> (safetensors handle, metadata), or (None, None) when absent, unreadable or without
-  checksums.
-- `mapped_tensors(file)` -> each tensor of the file as a read-only numpy view of one memory map of it (no copy
-  until the caller copies: the loader copies each once, into the param it fills), with its shape and its slices
-  (a multi-host process's blocks) as views too.
-- `damage(file, metadata, source)` -> None when the cache holds what it says, else why not: the source GGUF's
-  content is not the one it was made from (a file replaced with the same size and mtime), its metadata (config,
-  chat template) or a tensor's bytes do not match their checksums (a damaged file), or the check itself could
-  not run (an unreadable file, a malformed header); it never raises. It reads both files whole (zlib's CRC-32, ~2 GB/s here: the
-  loader runs it on a thread beside the copy into device arrays, and drops what it copied when this fails).
+  hashes (an older version's file).
+- `mapped_params(file)` -> each param as a read-only float32 view of one memory map of the file, 64-byte aligned:
+  placed on CPU without a copy (`weights.place`), read in blocks by a multi-host process.
+- `damage(file, metadata, source, params=None)` -> None when the cache holds what it says, else why not: the
+  source GGUF's content is not the one it was made from (a file replaced with the same size and mtime), its
+  metadata (config, chat template) or a param's bytes do not match their hashes (a damaged file), or the check
+  itself could not run (an unreadable file, a malformed header); it never raises. It reads both files whole
+  (xxh3: 0.1 s for the default model's 2.5 GB here; through `params`, the views being placed, when given).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import tempfile
@@ -35,11 +36,12 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
-VERSION = 3  # bump when the fix-ups, names or checksums written to the cache change
+VERSION = 4  # bump when the fix-ups, names, layout or hashes written to the cache change
+ALIGN = 64  # XLA:CPU takes a host array aligned to this as a device array's memory, without copying it
 _BLOCK = 1 << 24
-_PLACEHOLDER = "00000000"
-_CHECKSUMS = ("metadata_crc32", "source_crc32", "tensor_crc32")  # metadata keys the writer adds
+_HASHES = ("metadata_xxh3", "source_xxh3", "param_xxh3")  # metadata keys the writer adds
 
 
 def cache_file(path: Path) -> Path | None:
@@ -53,100 +55,63 @@ def cache_file(path: Path) -> Path | None:
             / f"{path.stem}-{where}-{st.st_size}-{st.st_mtime_ns}-f32-v{VERSION}.safetensors")
 
 
-def file_crc32(path: Path, start: int = 0, length: int | None = None) -> str:
-    """The CRC-32 of `length` bytes of the file at `path` from `start` (all of the rest: None), 8 hex digits."""
-    crc = 0
+def content_hash(data) -> str:
+    """xxh3-64 of a bytes-like object (a C-contiguous array too), 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def file_hash(path: Path) -> str:
+    """xxh3-64 of the whole file at `path`, 16 hex digits."""
+    h = xxhash.xxh3_64()
     with open(path, "rb") as f:
-        f.seek(start)
-        left = length if length is not None else os.fstat(f.fileno()).st_size - start
-        while left > 0:
-            block = f.read(min(_BLOCK, left))
-            if not block:
-                break
-            crc = zlib.crc32(block, crc)
-            left -= len(block)
-    return f"{crc:08x}"
+        while block := f.read(_BLOCK):
+            h.update(block)
+    return h.hexdigest()
 
 
-class CacheWriter:
-    def __init__(self, file: Path, shapes: dict[str, tuple[int, ...]], metadata: dict[str, str], source: Path) -> None:
-        self.file, self.source, self.pending, self.offsets, self.crcs = file, source, set(shapes), {}, {}
-        self.metadata = dict(metadata)
-        self.layout, at = {}, 0
-        for name, shape in shapes.items():
-            size = 4 * int(np.prod(shape, dtype=np.int64))
-            self.layout[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [at, at + size]}
-            self.offsets[name], at = at, at + size
-        raw = self._header({name: _PLACEHOLDER for name in shapes}, _PLACEHOLDER)
-        self.data_start = 8 + len(raw)
-        self.out = None
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            fd, self.tmp = tempfile.mkstemp(dir=file.parent, prefix=".tmp-", suffix=".safetensors")
-            self.out = os.fdopen(fd, "wb")
-            self.out.write(len(raw).to_bytes(8, "little") + raw)
-            self.out.truncate(self.data_start + at)
-        except OSError:
-            self.close()
-
-    def _header(self, crcs: dict[str, str], source_crc: str) -> bytes:
-        """The safetensors header (padded to 8 bytes); the checksums are fixed-width, so placeholders first and
-        the real values at `finish` take the same bytes."""
-        ordered = {name: crcs[name] for name in self.layout}  # the file's order, whatever order they were loaded in
-        metadata = {**self.metadata, "metadata_crc32": metadata_crc32(self.metadata), "source_crc32": source_crc,
-                    "tensor_crc32": json.dumps(ordered, separators=(",", ":"))}
-        raw = json.dumps({"__metadata__": metadata, **self.layout}, separators=(",", ":")).encode()
-        return raw + b" " * (-len(raw) % 8)
-
-    def wrap(self, name: str, tensor):
-        from jaxchat.models.weights import Tensor
-
-        def load():
-            x = tensor.load()
-            if self.out is not None:
-                try:
-                    data = np.ascontiguousarray(x, "<f4").tobytes()
-                    self.out.seek(self.data_start + self.offsets[name])
-                    self.out.write(data)
-                    self.crcs[name] = f"{zlib.crc32(data):08x}"
-                    self.pending.discard(name)
-                except OSError:
-                    self.close()
-            return x
-
-        return Tensor(tensor.shape, load)
-
-    def finish(self) -> None:
-        if self.out is None:
-            return
-        try:
-            if not self.pending:
-                raw = self._header(self.crcs, file_crc32(self.source))
-                assert 8 + len(raw) == self.data_start, "the checksums changed the header's length"
-                self.out.seek(8)
-                self.out.write(raw)
-            self.out.close()
-            if not self.pending:
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from other users
-                os.replace(self.tmp, self.file)
-                _remove_stale_siblings(self.file)
-        except OSError:
-            pass
-        self.close()
-
-    def close(self) -> None:
-        if self.out is not None:
-            self.out.close()
-            self.out = None
-        if getattr(self, "tmp", None) and os.path.exists(self.tmp):
-            os.unlink(self.tmp)
+def metadata_hash(metadata: dict[str, str]) -> str:
+    """The hash of the metadata a writer was given (config, chat template), whatever its order."""
+    return content_hash(json.dumps(metadata, sort_keys=True).encode())
 
 
-def metadata_crc32(metadata: dict[str, str]) -> str:
-    """The CRC-32 of the metadata a writer was given (config, chat template), whatever its order."""
-    return f"{zlib.crc32(json.dumps(metadata, sort_keys=True).encode()):08x}"
+def _layout(params: dict[str, np.ndarray]) -> dict[str, dict]:
+    """name -> its safetensors entry; the params whose byte sizes are multiples of `ALIGN` first, so that every
+    one of them starts aligned (the rest, if any, follow: they are copied when placed)."""
+    order = sorted(params, key=lambda name: params[name].nbytes % ALIGN != 0)
+    layout, at = {}, 0
+    for name in order:
+        size = params[name].nbytes
+        layout[name] = {"dtype": "F32", "shape": list(params[name].shape), "data_offsets": [at, at + size]}
+        at += size
+    return layout
+
+
+def write_cache(file: Path, params: dict[str, np.ndarray], metadata: dict[str, str], source: Path) -> bool:
+    params = {name: np.ascontiguousarray(a, "<f4") for name, a in params.items()}
+    layout = _layout(params)
+    hashes = {name: content_hash(params[name]) for name in layout}
+    meta = {**metadata, "metadata_xxh3": metadata_hash(metadata), "source_xxh3": file_hash(source),
+            "param_xxh3": json.dumps(hashes, separators=(",", ":"))}
+    raw = json.dumps({"__metadata__": meta, **layout}, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % ALIGN)  # the data starts aligned
+    tmp = None
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".tmp-", suffix=".safetensors")
+        with os.fdopen(fd, "wb") as out:
+            out.write(len(raw).to_bytes(8, "little") + raw)
+            for name in layout:
+                out.write(memoryview(params[name]).cast("B"))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from other users
+        os.replace(tmp, file)
+    except OSError:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return False
+    _remove_stale_siblings(file)
+    return True
 
 
 def _remove_stale_siblings(file: Path) -> None:
@@ -173,61 +138,57 @@ def open_cache(file: Path | None):
     try:
         handle = safe_open(str(file), framework="numpy")
         meta = handle.metadata() or {}
-        if not {"config", *_CHECKSUMS} <= meta.keys():
-            raise ValueError("no config or checksums")
+        if not {"config", *_HASHES} <= meta.keys():
+            raise ValueError("no config or hashes")
         return handle, meta
-    except Exception:  # noqa: BLE001 - unreadable or damaged: dequantise again (and rewrite it)
+    except Exception:  # noqa: BLE001 - unreadable, damaged or an older version's: convert again (and rewrite it)
         return None, None
 
 
 def _read_layout(f) -> tuple[int, dict]:
-    """(the header's length, the header: each tensor's dtype, shape and data offsets) of an open safetensors file;
+    """(the header's length, the header: each param's dtype, shape and data offsets) of an open safetensors file;
     the data starts at 8 + that length."""
     length = int.from_bytes(f.read(8), "little")
     return length, json.loads(f.read(length))
 
 
-def mapped_tensors(file: Path) -> dict[str, tuple[tuple[int, ...], np.ndarray]]:
-    """name -> (shape, a read-only float32 view of the file's memory map); the map lives as long as a view."""
-    import mmap
-
+def mapped_params(file: Path) -> dict[str, np.ndarray]:
+    """name -> a read-only float32 view of the file's memory map; the map lives as long as a view. The kernel
+    reads the file ahead (MADV_WILLNEED) while the loader goes on."""
     with open(file, "rb") as f:
         length, layout = _read_layout(f)
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    mapped.madvise(mmap.MADV_WILLNEED)  # the kernel reads ahead while the first tensors are copied
+    mapped.madvise(mmap.MADV_WILLNEED)
     out = {}
     for name, entry in layout.items():
         if name == "__metadata__":
             continue
         if entry["dtype"] != "F32":
-            raise ValueError(f"tensor {name} is {entry['dtype']}, not F32")
+            raise ValueError(f"param {name} is {entry['dtype']}, not F32")
         begin, end = entry["data_offsets"]
-        shape = tuple(entry["shape"])
-        view = np.frombuffer(mapped, "<f4", (end - begin) // 4, 8 + length + begin).reshape(shape)
-        out[name] = (shape, view)
+        out[name] = np.frombuffer(mapped, "<f4", (end - begin) // 4, 8 + length + begin).reshape(entry["shape"])
     return out
 
 
-def damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
+def damage(file: Path, metadata: dict[str, str], source: Path, params: dict[str, np.ndarray] | None = None
+           ) -> str | None:
     try:
-        return _damage(file, metadata, source)
+        return _damage(file, metadata, source, params)
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is a cache that cannot be trusted
-        return f"its checksums could not be verified ({type(exc).__name__}: {exc})"
+        return f"its hashes could not be verified ({type(exc).__name__}: {exc})"
 
 
-def _damage(file: Path, metadata: dict[str, str], source: Path) -> str | None:
-    given = {k: v for k, v in metadata.items() if k not in _CHECKSUMS}
-    if metadata_crc32(given) != metadata["metadata_crc32"]:
-        return "its metadata (config, chat template) does not match its checksum (a damaged file)"
-    if file_crc32(source) != metadata["source_crc32"]:
+def _damage(file: Path, metadata: dict[str, str], source: Path, params: dict[str, np.ndarray] | None) -> str | None:
+    given = {k: v for k, v in metadata.items() if k not in _HASHES}
+    if metadata_hash(given) != metadata["metadata_xxh3"]:
+        return "its metadata (config, chat template) does not match its hash (a damaged file)"
+    if file_hash(source) != metadata["source_xxh3"]:
         return f"{source.name} is not the file it was made from (its content changed)"
-    with open(file, "rb") as f:
-        length, layout = _read_layout(f)
-    crcs = json.loads(metadata["tensor_crc32"])
-    for name, entry in layout.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        if file_crc32(file, 8 + length + begin, end - begin) != crcs.get(name):
-            return f"tensor {name} does not match its checksum (a damaged file)"
+    hashes = json.loads(metadata["param_xxh3"])
+    params = params if params is not None else mapped_params(file)
+    if set(params) != set(hashes):
+        return "its params are not the ones its hashes name (a damaged file)"
+    for name, view in params.items():
+        if content_hash(view) != hashes[name]:
+            return f"param {name} does not match its hash (a damaged file)"
     return None

@@ -10,11 +10,11 @@ subtracted. A model without `output.weight` has tied embeddings. The tokenizer c
 through transformers, the chat template from the `tokenizer.chat_template` metadata. `gguf_config(file)` reads
 the config alone.
 
-Dequantising is slow (tens of seconds for a 0.5B model), so the first load of a GGUF file writes the
-dequantised float32 tensors (fix-ups applied, HF names) to the converted-weights cache (`dequant_cache`: with
-the config, chat template and checksums as metadata) and later loads read them from there (memory-mapped),
-without parsing the GGUF; a cache whose checksums fail is rebuilt, never used. JAXCHAT_DEQUANT_CACHE=0 turns
-the cache off; an unwritable cache only costs speed.
+Dequantising is slow (tens of seconds for a 0.5B model), so the first load of a GGUF file writes the model's
+float32 params (dequantised, fixed up, assembled) to the converted-weights cache (`dequant_cache`: with the
+config, chat template and content hashes as metadata), and later loads place them from a memory map of it,
+without parsing the GGUF; a cache whose hashes fail is rebuilt, never used. JAXCHAT_DEQUANT_CACHE=0 turns the
+cache off; an unwritable cache only costs speed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from jaxchat.models import dequant_cache
 from jaxchat.models.base import LoadedModel
 from jaxchat.models.config import REQUIRED, ModelConfig, ModelLoadError, table
 from jaxchat.models.families import family_module, from_hf_config, gguf_families
-from jaxchat.models.weights import Tensor, assemble
+from jaxchat.models.weights import Tensor, assemble, host_params, place
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +144,15 @@ def gguf_tokenizer(path: Path, template: str | None):
     import shutil
     import tempfile
 
-    from transformers import AutoTokenizer
-
     from jaxchat.assets import cache_dir
 
     st = path.stat()
     cached = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
     use_cache = os.environ.get("JAXCHAT_TOKENIZER_CACHE", "1") != "0"
     if use_cache and (cached / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(cached))
+        return _saved_tokenizer_class(cached).from_pretrained(str(cached))
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if template and not getattr(tok, "chat_template", None):
         tok.chat_template = template
@@ -170,15 +170,50 @@ def gguf_tokenizer(path: Path, template: str | None):
     return tok
 
 
+def _saved_tokenizer_class(saved: Path):
+    """The class `save_pretrained` named in `saved`'s tokenizer_config.json (what `AutoTokenizer` would pick), taken
+    from transformers directly: `AutoTokenizer`'s own lookup imports the model configurations and, through them,
+    torch (2.8 s of a warm start's 3.9 s tokenizer load here). `AutoTokenizer` when it names none transformers
+    has."""
+    import json
+
+    import transformers
+
+    try:
+        name = json.loads((saved / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        name = None
+    found = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if isinstance(found, type) and hasattr(found, "from_pretrained"):
+        return found
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
 def dequantized_cache_file(path: Path) -> Path | None:
     """Where the dequantised tensors of the GGUF file at `path` are cached (None: caching is off)."""
     return dequant_cache.cache_file(path)
 
 
-def _cached_tensors(cache: Path) -> dict[str, Tensor]:
-    """The cache's tensors as views of its memory map: `assemble` copies each once, into its param."""
-    return {name: Tensor(shape, lambda view=view: view, lambda index, view=view: view[index])  # index: multi-host
-            for name, (shape, view) in dequant_cache.mapped_tensors(cache).items()}
+def _convert(path: Path, cfg: ModelConfig, template: str | None, tensors: dict[str, Tensor], dtype, mesh,
+             cache: Path | None):
+    """Dequantise, fix up, assemble and place the GGUF's tensors: (graphdef, params). With a `cache` (and one
+    process: a multi-host process reads only its own blocks), the float32 params are written there first."""
+    desc = f"loading {path.name}"
+    if cache is None or (mesh is not None and mesh.is_multi_process):
+        return assemble(cfg, tensors, dtype, mesh, where=path.name, desc=desc)
+    params = host_params(cfg, tensors, np.float32, where=path.name, desc=desc)
+    dequant_cache.write_cache(cache, _named(params), _cache_metadata(cfg, template), path)
+    return place(cfg, params, dtype, mesh)
+
+
+def _named(params: dict[tuple[str, ...], np.ndarray]) -> dict[str, np.ndarray]:
+    return {"/".join(p): a for p, a in params.items()}
+
+
+def _cache_metadata(cfg: ModelConfig, template: str | None) -> dict[str, str]:
+    return {"config": _config_json(cfg), "chat_template": template or ""}
 
 
 def _config_json(cfg: ModelConfig) -> str:
@@ -223,14 +258,9 @@ def fill_dequantized_cache(path: str | Path) -> Path | None:
     if cache is None or open_cache(cache)[0] is not None:
         return cache
     cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
-    writer = dequant_cache.CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
-                                       {"config": _config_json(cfg), "chat_template": template or ""}, path)
-    try:
-        for name, tensor in tensors.items():
-            writer.wrap(name, tensor).load()
-    finally:
-        writer.finish()
-    return cache if cache.exists() else None
+    params = host_params(cfg, tensors, np.float32, where=path.name, desc=f"converting {path.name}")
+    written = dequant_cache.write_cache(cache, _named(params), _cache_metadata(cfg, template), path)
+    return cache if written else None
 
 
 def gguf_config(path: str | Path) -> ModelConfig:
@@ -248,40 +278,35 @@ def gguf_config(path: str | Path) -> ModelConfig:
 
 def load_gguf(path: str | Path, dtype="float32", mesh=None, tokenizer: bool = True, *,
               _read_cache: bool = True) -> LoadedModel:
-    """A GGUF model; from the dequantised cache (config and chat template included) when there is one,
-    which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary). The cache's
-    checksums are verified on a thread while its tensors are copied; a cache that fails them (`dequant_cache.
-    damage`) is never served: what was copied from it is dropped, and the model is converted from the GGUF
-    again (once: `_read_cache=False`), which writes a new cache (a warning says why)."""
+    """A GGUF model; from the converted-weights cache (config and chat template included) when there is one,
+    which also skips parsing the GGUF's metadata (tens of seconds for a 150k-token vocabulary): its params are
+    placed straight from a memory map of it (on CPU without a copy). Its hashes are verified on a thread
+    meanwhile, and the tokenizer loads on another; a cache that fails them (`dequant_cache.damage`), or whose
+    params do not fit the model, is never served: what was placed from it is dropped, and the model is converted
+    from the GGUF again (once: `_read_cache=False`), which writes a new cache (a warning says why)."""
     import gguf
 
     path = Path(path)
     cache = dequantized_cache_file(path)
-    desc = f"loading {path.name}"
     handle, meta = open_cache(cache) if _read_cache else (None, None)
-    writer = None
-    if handle is not None:
-        cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
-        tensors, where = _cached_tensors(cache), str(cache)
-    else:
-        cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
-        where = path.name
-        if cache is not None:
-            writer = dequant_cache.CacheWriter(cache, {n: t.shape for n, t in tensors.items()},
-                                               {"config": _config_json(cfg), "chat_template": template or ""}, path)
-            tensors = {n: writer.wrap(n, t) for n, t in tensors.items()}
-    # the tokenizer loads, and the cache's checksums are verified, on threads while the weights are copied
-    # (numpy's copies and zlib's CRC release the GIL)
-    cache_open = handle if handle is not None else contextlib.nullcontext()
-    with cache_open, concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="jaxchat-load") as pool:
-        tok = pool.submit(gguf_tokenizer, path, template) if tokenizer else None
-        damaged = pool.submit(dequant_cache.damage, cache, meta, path) if handle is not None else None
-        try:
-            graphdef, params = assemble(cfg, tensors, dtype, mesh, where=where, desc=desc)
-        finally:
-            if writer is not None:
-                writer.finish()
-        why = damaged.result() if damaged is not None else None
+    why, graphdef, params = None, None, None
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="jaxchat-load") as pool:
+        if handle is not None:
+            with handle:  # the library has checked the file's layout
+                cfg, template = _config_from_json(meta["config"]), meta.get("chat_template") or None
+            tok = pool.submit(gguf_tokenizer, path, template) if tokenizer else None
+            mapped = dequant_cache.mapped_params(cache)
+            damaged = pool.submit(dequant_cache.damage, cache, meta, path, dict(mapped))
+            try:
+                graphdef, params = place(cfg, {tuple(name.split("/")): view for name, view in mapped.items()},
+                                         dtype, mesh, where=str(cache))
+            except ModelLoadError as exc:  # made for another layout of the params
+                why = str(exc)
+            why = why or damaged.result()
+        else:
+            cfg, template, tensors = _gguf_tensors(path, gguf.GGUFReader(str(path)))
+            tok = pool.submit(gguf_tokenizer, path, template) if tokenizer else None
+            graphdef, params = _convert(path, cfg, template, tensors, dtype, mesh, cache)
         tok = tok.result() if tok is not None and why is None else None
     if why is not None:
         log.warning("the converted-weights cache %s is not used: %s; converting %s again", cache, why, path.name)

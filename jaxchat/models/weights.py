@@ -68,14 +68,22 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
              where: str = "", desc: str = "loading"):
     """Check, convert, stack and place; returns (graphdef, params pure dict)."""
     import jax
+
+    if mesh is not None and mesh.is_multi_process:
+        tab = check(cfg, tensors, ignore, where)
+        graphdef, abstract = abstract_model(cfg, dtype)
+        return graphdef, _assemble_local_blocks(cfg, tab, tensors, _leaf_shapes(abstract), dtype, mesh, desc)
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
+    return place(cfg, host_params(cfg, tensors, np_dtype, ignore, where, desc), dtype, mesh)
+
+
+def host_params(cfg: ModelConfig, tensors: dict[str, Tensor], np_dtype=np.float32, ignore: tuple[str, ...] = (),
+                where: str = "", desc: str = "loading") -> dict[tuple[str, ...], np.ndarray]:
+    """Check, convert and stack into host arrays of `np_dtype`: param path -> array (page-aligned, `host_buffer`)."""
     from tqdm import tqdm
 
     tab = check(cfg, tensors, ignore, where)
-    graphdef, abstract = abstract_model(cfg, dtype)
-    shapes = _leaf_shapes(abstract)
-    np_dtype = np.dtype(jax.numpy.dtype(dtype))
-    if mesh is not None and mesh.is_multi_process:
-        return graphdef, _assemble_local_blocks(cfg, tab, tensors, shapes, dtype, mesh, desc)
+    shapes = _leaf_shapes(abstract_model(cfg, "float32")[1])
     buffers = {p: host_buffer(s, np_dtype) for p, (s, _) in shapes.items()}
     filled = {p: 0 for p in shapes}
     read = 0
@@ -95,22 +103,48 @@ def assemble(cfg: ModelConfig, tensors: dict[str, Tensor], dtype, mesh=None, ign
         if n != want:
             raise ModelLoadError(f"param {'/'.join(p)}: the tensors fill {n} of its {want} values")
     log.info("Read %d bytes of tensor data from %s", read, where or "the checkpoint")
+    return buffers
+
+
+def place(cfg: ModelConfig, arrays: dict[tuple[str, ...], np.ndarray], dtype, mesh=None, where: str = ""):
+    """Host arrays (param path -> array, every param of the model with its shape, e.g. `host_params`' or the
+    converted-weights cache's memory-mapped views) as the model's params: (graphdef, params pure dict). An array
+    of the params' dtype and 64-byte aligned becomes the device array's memory on CPU, without a copy; another
+    dtype is cast first. On a mesh of several processes each process reads only its own devices' blocks. A param
+    missing or of another shape raises `ModelLoadError`."""
+    import jax
+
+    graphdef, abstract = abstract_model(cfg, dtype)
+    shapes = _leaf_shapes(abstract)
+    src = f" in {where}" if where else ""
+    for p, (shape, _) in shapes.items():
+        if p not in arrays:
+            raise ModelLoadError(f"param {'/'.join(p)} is missing{src}")
+        if tuple(arrays[p].shape) != shape:
+            raise ModelLoadError(f"param {'/'.join(p)}{src} has shape {tuple(arrays[p].shape)}, expected {shape}")
+    extra = sorted("/".join(p) for p in arrays if p not in shapes)
+    if extra:
+        raise ModelLoadError(f"param {extra[0]}{src} is not one of the model's")
+    np_dtype = np.dtype(jax.numpy.dtype(dtype))
     specs = None
     if mesh is not None:
         from jaxchat.models.sharding import param_partition_specs
 
         specs = param_partition_specs(cfg, abstract_params(cfg, dtype), mesh)
     params: dict = {}
-    for p in list(buffers):
-        buf = buffers.pop(p)  # drop the host copy as soon as it is placed
+    for p in list(arrays):
+        buf = arrays.pop(p)  # drop the host copy as soon as it is placed
+        buf = buf if buf.dtype == np_dtype else buf.astype(np_dtype)
         node = params
         for k in p[:-1]:
             node = node.setdefault(k, {})
         if mesh is None:
             node[p[-1]] = jax.device_put(buf)
+        elif mesh.is_multi_process:
+            sharding = jax.sharding.NamedSharding(mesh, _get(specs, p))
+            node[p[-1]] = jax.make_array_from_callback(buf.shape, sharding, lambda index, buf=buf: buf[index])
         else:
-            spec = _get(specs, p)
-            node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, spec))
+            node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, _get(specs, p)))
     return graphdef, as_params(params, cfg)
 
 

@@ -30,3 +30,13 @@ def test_the_catalogue_lists_typed_keys_and_picks_one_for_a_step():
     assert catalogue.shape_for(2, 40) == ProgramKey.ragged(64, 4)
     assert catalogue.shape_for(2, 10, verify=True) == ProgramKey.verify(16, 4)
     assert catalogue.shape_for(5, 70) is None
+
+
+def test_the_first_set_takes_a_middle_bucket_the_lower_one_where_steps_are_compute_bound():
+    def first(compute_bound: bool) -> list[str]:
+        catalogue = ProgramCatalogue(token_buckets=(16, 64, 256, 512), decode_rows=(1, 2, 4, 8), ragged_rows=(8,),
+                                     verify_buckets=(8,), max_batch=8, prefix_reuse=True, compute_bound=compute_bound)
+        return [k.name for k in catalogue.first_keys()]
+
+    assert first(False) == ["ragged/256/8", "decode/8", "sample/8"]  # accelerators: the wider step is as cheap
+    assert first(True) == ["ragged/64/8", "decode/8", "sample/8"]  # CPU: a short step must not pay 256 tokens

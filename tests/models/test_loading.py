@@ -223,7 +223,7 @@ def test_gguf_dequantised_tensors_are_cached(tmp_path, monkeypatch):
 
 
 def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_path, monkeypatch, caplog):
-    """The cache holds the CRC-32 of its source GGUF and of each tensor. A flipped byte in a tensor of the cache,
+    """The cache holds the xxh3 hash of its source GGUF and of each param. A flipped byte in a param of the cache,
     or a GGUF replaced by another of the same size and mtime, is found on the next load: the cache is dropped
     and rebuilt from the GGUF (dequantised again), and the params equal a fresh conversion's."""
     import gguf.quants
@@ -238,8 +238,8 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
     handle, meta = dequant_cache.open_cache(cache)
     with handle:
         assert dequant_cache.damage(cache, meta, source) is None
-    broken = {**meta, "tensor_crc32": "not json"}  # a check that cannot run says so, and never raises
-    assert dequant_cache.damage(cache, broken, source).startswith("its checksums could not be verified")
+    broken = {**meta, "param_xxh3": "not json"}  # a check that cannot run says so, and never raises
+    assert dequant_cache.damage(cache, broken, source).startswith("its hashes could not be verified")
     edited = {**meta, "config": meta["config"].replace('"num_layers": ', '"num_layers": 1')}
     assert "its metadata" in dequant_cache.damage(cache, edited, source)
     (tmp_path / "dequantized" / "tiny-1-2-v2.safetensors").write_bytes(b"an old version's file")
@@ -258,12 +258,12 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
         with handle:
             assert dequant_cache.damage(cache, meta, source) is None  # rebuilt whole
 
-    with open(cache, "r+b") as f:  # one byte of the last tensor's data
+    with open(cache, "r+b") as f:  # one byte of the last param's data
         f.seek(-3, 2)
         byte = f.read(1)
         f.seek(-3, 2)
         f.write(bytes([byte[0] ^ 0x40]))
-    reload_and_check("does not match its checksum", fresh)
+    reload_and_check("does not match its hash", fresh)
     assert not (tmp_path / "dequantized" / "tiny-1-2-v2.safetensors").exists()  # the stale sibling went
     stat = source.stat()
     reader = gguf.GGUFReader(str(source))
@@ -283,32 +283,87 @@ def test_a_damaged_or_stale_converted_weights_cache_is_rebuilt_never_used(tmp_pa
     reload_and_check("is not the file it was made from", changed)
 
 
-def test_the_converted_weights_cache_is_read_as_views_of_its_memory_map_and_placed_without_a_host_copy(
-        tmp_path, monkeypatch):
-    """A second load reads the cache's tensors as views of one memory map (equal to what the safetensors library
-    reads, no array of their own), copies each once into its param's page-aligned buffer, and on CPU
-    `jax.device_put` takes that buffer as the device array's memory (no second copy); the params equal the first
-    load's."""
+def test_the_converted_weights_cache_holds_the_params_and_places_them_from_its_memory_map_without_a_copy(
+        tmp_path, monkeypatch, caplog):
+    """The cache holds the assembled params; a second load maps the file once and, on CPU, each placed param is
+    the map's memory itself (a 64-byte aligned, read-only view, equal to what the safetensors library reads): no
+    host copy at all. Its params equal the first load's. A cache whose params do not fit the model (an older
+    layout) is converted again, never placed."""
     import jax
+    import jax.numpy as jnp
 
     from jaxchat.models import dequant_cache, gguf_loader
-    from jaxchat.models.weights import host_buffer
 
     source = tiny_llama_gguf(tmp_path / "tiny.gguf")
     monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
     first = gguf_loader.load_gguf(source, tokenizer=False)  # dequantises, writes the cache
     cache = gguf_loader.dequantized_cache_file(source)
     reference = load_file(str(cache))
-    mapped = dequant_cache.mapped_tensors(cache)
-    assert set(mapped) == set(reference)
-    for name, (shape, view) in mapped.items():
-        assert shape == reference[name].shape and not view.flags.owndata and not view.flags.writeable
-        np.testing.assert_array_equal(view, reference[name])
-    buffer = host_buffer((64, 256), np.float32)
-    assert buffer.ctypes.data % 4096 == 0
-    buffer[...] = 3.0
-    placed = jax.device_put(buffer)
-    assert np.shares_memory(np.asarray(placed), buffer)  # the device array is the buffer: no copy
+    names = {"/".join(str(k.key) for k in path) for path, _ in jax.tree_util.tree_flatten_with_path(first.params)[0]}
+    assert set(reference) == names  # one entry per param, named by its path
+    maps = []
+    real_map = dequant_cache.mapped_params
+    monkeypatch.setattr(dequant_cache, "mapped_params", lambda file: maps.append(real_map(file)) or maps[-1])
     second = gguf_loader.load_gguf(source, tokenizer=False)
+    (mapped,) = maps
+    assert set(mapped) == names
+    for name, view in mapped.items():
+        assert view.ctypes.data % dequant_cache.ALIGN == 0 and not view.flags.writeable and not view.flags.owndata
+        np.testing.assert_array_equal(view, reference[name])
+    placed = {"/".join(str(k.key) for k in path): leaf
+              for path, leaf in jax.tree_util.tree_flatten_with_path(second.params)[0]}
+    for name, leaf in placed.items():
+        assert leaf.dtype == jnp.float32 and leaf.unsafe_buffer_pointer() == mapped[name].ctypes.data, name
     for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(second.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    monkeypatch.undo()
+    monkeypatch.setenv("JAXCHAT_CACHE", str(tmp_path))
+    _, meta = dequant_cache.open_cache(cache)
+    one_less = {name: np.asarray(v) for name, v in reference.items() if name != sorted(reference)[0]}
+    given = {k: v for k, v in meta.items() if k in ("config", "chat_template")}
+    assert dequant_cache.write_cache(cache, one_less, given, source)  # well-formed, hashes right, one param short
+    caplog.clear()
+    again = gguf_loader.load_gguf(source, tokenizer=False)
+    assert "is missing" in caplog.text and "converting tiny.gguf again" in caplog.text
+    assert set(load_file(str(cache))) == names  # rebuilt whole
+    for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(again.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_saved_gguf_tokenizer_loads_as_the_class_autotokenizer_picks_without_importing_torch():
+    """A warm start reads the GGUF's converted tokenizer through the class its tokenizer_config.json names:
+    AutoTokenizer's own lookup imports torch (seconds of a start), and the result must be the same tokenizer."""
+    import subprocess
+    import sys
+
+    from jaxchat.assets import DEFAULT_MODEL, asset_path
+
+    path = asset_path(DEFAULT_MODEL)
+    if not path.exists():
+        pytest.skip("the default model asset is not fetched (scripts/fetch_assets.py)")
+    script = f"""
+import sys
+from pathlib import Path
+from jaxchat.models.gguf_loader import gguf_tokenizer
+tok = gguf_tokenizer(Path({str(path)!r}), None)
+print(type(tok).__name__, "torch" in sys.modules)
+"""
+    run = [sys.executable, "-c", script]
+    subprocess.run(run, check=True, capture_output=True, text=True)  # converts and saves it, if not yet saved
+    name, torch_imported = subprocess.run(run, check=True, capture_output=True, text=True).stdout.split()
+    assert torch_imported == "False"
+
+    from transformers import AutoTokenizer
+
+    from jaxchat.assets import cache_dir
+    from jaxchat.models.gguf_loader import gguf_tokenizer
+
+    st = path.stat()
+    saved = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
+    reference, tok = AutoTokenizer.from_pretrained(str(saved)), gguf_tokenizer(path, None)
+    assert name == type(tok).__name__ == type(reference).__name__
+    text = "<|im_start|>user\nWhat's 2 + 2? ünïcode\t<tool_call>{\"a\": 1}</tool_call><|im_end|>"
+    assert tok.encode(text) == reference.encode(text)
+    messages = [{"role": "user", "content": "hi"}]
+    assert (tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
