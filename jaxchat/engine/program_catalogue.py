@@ -27,7 +27,8 @@ from jaxchat.engine.program_key import FORWARD_KINDS, ProgramKey
 
 class ProgramCatalogue:
     def __init__(self, token_buckets: Sequence[int], decode_rows: Sequence[int], ragged_rows: Sequence[int],
-                 verify_buckets: Sequence[int], max_batch: int, prefix_reuse: bool, compute_bound: bool = False) -> None:
+                 verify_buckets: Sequence[int], max_batch: int, prefix_reuse: bool,
+                 compute_bound: bool = False) -> None:
         self.max_batch, self.prefix_reuse, self.compute_bound = max_batch, prefix_reuse, compute_bound
         self.token_buckets = tuple(sorted(set(token_buckets)))
         self.decode_rows = tuple(sorted({min(int(b), max_batch) for b in decode_rows}))
