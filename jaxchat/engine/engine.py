@@ -193,6 +193,10 @@ def background_order(keys: Sequence[ProgramKey]) -> list[ProgramKey]:
 
 BACKGROUND_NICE = 19  # the background compiles' thread (and the compiler threads it starts) yield to serving
 BACKGROUND_YIELD_S = 5.0  # the longest a background compile waits for the engine to be idle
+# the first background compile waits this long for a quiet engine: a server's first request comes right after it
+# opens, and a compile under way slows it down (its tracing holds the GIL, whatever the thread's priority: the
+# default model's first tool call took 4 s beside one, 2.5 s without)
+BACKGROUND_START_QUIET_S = 2.0
 
 
 def in_cluster() -> bool:
@@ -261,15 +265,23 @@ def _compile_queued(runner: StepRunner, queue: Iterator[ProgramKey], lock: threa
                     busy: Callable[[], bool], seconds: dict, bar: Any,
                     adopt: Callable[[ProgramKey, Any], None]) -> None:
     """One background worker: take the next key off the shared queue, wait for an idle engine (at most
-    `BACKGROUND_YIELD_S`), compile it and hand it to the runner, until the queue is empty or the runner released."""
+    `BACKGROUND_YIELD_S`; its first key: idle for `BACKGROUND_START_QUIET_S`), compile it and hand it to the
+    runner, until the queue is empty or the runner released."""
+    first = True
     while True:
         with lock:
             key = next(queue, None)
         if key is None or runner.released:
             return
         deadline = time.monotonic() + BACKGROUND_YIELD_S
-        while busy() and time.monotonic() < deadline and not runner.released:
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline and not runner.released:
+            if busy():
+                quiet_since = time.monotonic()
+            elif not first or time.monotonic() - quiet_since >= BACKGROUND_START_QUIET_S:
+                break
             time.sleep(0.05)
+        first = False
         if runner.released:
             return
         start = time.perf_counter()

@@ -225,7 +225,7 @@ def test_an_unknown_program_set_is_a_clear_error():
         Engine(FakeModel(TOK, eos=(EOS,)), programs="some", **SHAPES)
 
 
-def test_background_compiles_run_workers_at_once_in_order_and_count_in_the_engines_tally():
+def test_background_compiles_run_workers_at_once_in_order_and_count_in_the_engines_tally(monkeypatch):
     """With `workers` > 1 the background takes the keys in their order, several compile at once on their own
     threads, each is adopted as it is ready, and every compile counts in the engine's tally (the threads inherit
     nothing: each counts itself in)."""
@@ -262,6 +262,7 @@ def test_background_compiles_run_workers_at_once_in_order_and_count_in_the_engin
             return keys
 
     tally, seconds = Tally(), {}
+    monkeypatch.setattr(engine_module, "BACKGROUND_START_QUIET_S", 0.0)  # no start-up grace: the order shows
     engine_module._compile_in_background(Runner(), keys, tally, seconds, workers=2)
     assert started == keys and sorted(k for k, _ in adopted) == sorted(keys) and set(seconds) == set(keys)
     assert peak[0] == 2 and len({thread for _, thread in adopted}) == 2
@@ -295,3 +296,37 @@ def test_in_a_cluster_the_background_waits_to_be_linked_and_adopts_once_every_pr
     finally:
         leader.shutdown()
         follower.shutdown()
+
+
+def test_the_first_background_compile_waits_for_a_quiet_engine_and_the_others_only_for_an_idle_one(monkeypatch):
+    """A server's first request comes right after it opens: the background's first compile starts only once the
+    engine has been idle for `BACKGROUND_START_QUIET_S` (here 0.4 s, after 0.5 s busy), the next ones as soon as
+    it is idle."""
+    from jaxchat.engine.compiles import Tally
+
+    monkeypatch.setattr(engine_module, "BACKGROUND_START_QUIET_S", 0.4)
+    keys = [ProgramKey.sample(r) for r in (1, 2, 4)]
+    started, adopted = [], []
+
+    class Runner:
+        released = False
+
+        def compile(self, key):
+            started.append(time.monotonic())
+            return key
+
+        def adopt(self, key, compiled):
+            adopted.append(key)
+
+        def programs_ready(self):
+            return len(adopted)
+
+        def program_keys(self):
+            return keys
+
+    t0 = time.monotonic()
+    busy_until = t0 + 0.5
+    engine_module._compile_in_background(Runner(), keys, Tally(), {}, busy=lambda: time.monotonic() < busy_until)
+    assert adopted == keys
+    assert started[0] - t0 >= 0.5 + 0.4 - 0.06  # busy, then quiet for the whole period
+    assert started[-1] - started[0] < 0.3  # the others wait for nothing: the engine is idle
