@@ -1,6 +1,7 @@
 """Start-up benchmark: `jaxchat serve` from spawning it to the first answered tool call, cold (an empty
 compilation cache and executable store; the converted-weights cache as `scripts/bootstrap.sh` left it, or
-removed with `--clear-weights`) and warm (the caches the cold start filled), and with `--against DIR` another
+removed with `--clear-weights`; for the default model, each checkout's own asset preparation runs first, untimed,
+as scripts/bootstrap.sh does) and warm (the caches the cold start filled), and with `--against DIR` another
 checkout side by side in the same run, with the ratios this / other.
 
 Each start is a subprocess on a free 127.0.0.1 port with its own `--compile-cache` directory (a fresh
@@ -111,6 +112,18 @@ def clear_dequantized(model: str | None) -> None:
         cached.unlink(missing_ok=True)
 
 
+def prepare_assets(root: Path) -> None:
+    """What scripts/bootstrap.sh's asset fetch does for the default model in the checkout at `root` (its own
+    converted-weights cache format): a newcomer's first start finds it. Not timed; a checkout without
+    `jaxchat.models.prepare_assets` is left as it is."""
+    if (root / "jaxchat" / "models" / "prepare_assets.py").exists():
+        sys.path.insert(0, str(ROOT))
+        from jaxchat.assets import DEFAULT_MODEL
+
+        subprocess.run([sys.executable, "-m", "jaxchat.models.prepare_assets", DEFAULT_MODEL], cwd=root, check=True,
+                       env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="default: the default model asset")
@@ -133,6 +146,8 @@ def main() -> None:
                 cache = work / f"cache-{name}-{run}"
                 if args.clear_weights:
                     clear_dequantized(args.model)
+                elif args.model is None:  # each checkout's own cache format (one may remove another's files)
+                    prepare_assets(root)
                 label = "" if args.against is None else f" [{name}: {root}]"
                 for kind in ("cold", "warm"):
                     got = time_to_first_call(args, cache, work / f"{kind}-{name}-{run}.log", root)

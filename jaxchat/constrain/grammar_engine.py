@@ -94,8 +94,54 @@ def tokenizer_info(tokenizer, vocab_size: int | None, stop_token_ids) -> tuple[x
     stops = [int(s) for s in (stop_token_ids if stop_token_ids is not None else default_stops)]
     kept = [s for s in stops if text_of(s) not in _ALL_TEXT_MARKERS] or stops[:1]
     if kind == "hf":
-        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=kept), stops, kept
+        return _hf_tokenizer_info(tokenizer, vocab_size, kept), stops, kept
     return xgr.TokenizerInfo(decoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=kept), stops, kept
+
+
+def _xgrammar_version() -> str:
+    from importlib.metadata import version
+
+    return version("xgrammar")
+
+
+def _hf_tokenizer_info(tokenizer, vocab_size: int, stop_ids: list[int]) -> xgr.TokenizerInfo:
+    """xgrammar's `TokenizerInfo.from_huggingface` (0.57 s for a 150k vocabulary here, mostly Python: a start's
+    grammar engine holds the GIL that long), kept on disk by content: `$JAXCHAT_CACHE/xgrammar/tokenizer-info-
+    <key>.json`, the key hashing the tokenizer's whole serialization (`backend_tokenizer.to_str()`), its class
+    and settings, the vocab size, the stop ids and xgrammar's version; a later start deserializes it (0.06 s).
+    A tokenizer without a Rust backend, JAXCHAT_TOKENIZER_CACHE=0, or a file that cannot be read or written:
+    computed each time."""
+    import os
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or os.environ.get("JAXCHAT_TOKENIZER_CACHE", "1") == "0":
+        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
+    import tempfile
+
+    import xxhash
+
+    from jaxchat.assets import cache_dir
+
+    key = xxhash.xxh3_64()
+    for part in (backend.to_str(), type(tokenizer).__name__, json.dumps(tokenizer.init_kwargs, sort_keys=True,
+                 default=str), str(vocab_size), json.dumps(stop_ids), _xgrammar_version()):
+        key.update(part.encode())
+        key.update(b"\0")
+    path = cache_dir() / "xgrammar" / f"tokenizer-info-{key.hexdigest()}.json"
+    try:
+        return xgr.TokenizerInfo.deserialize_json(path.read_text())
+    except Exception:  # noqa: BLE001 - absent, unreadable or from another xgrammar: computed (and written) again
+        pass
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as out:
+            out.write(info.serialize_json())
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs speed
+    return info
 
 
 class GrammarEngine:
