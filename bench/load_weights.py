@@ -10,18 +10,22 @@ machine hits both; the min and the median of each are printed, and the ratio of 
     git worktree add /tmp/prev <commit>
     python bench/load_weights.py --against /tmp/prev [--model PATH] [--rounds 5]
 
-Both checkouts read the same cache file when their cache format is the same (`jaxchat.models.dequant_cache.VERSION`); a first
-round fills it (not counted) when it is missing.
+Each checkout has its own converted-weights cache (`own_cache`: the other assets are shared), filled by a first
+round that is not counted.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+from own_cache import own_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +42,9 @@ print(f"SECONDS {time.perf_counter() - started:.3f}")
 """
 
 
-def load_seconds(root: Path, model: str) -> float:
-    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+def load_seconds(root: Path, model: str, cache: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(root), "TQDM_DISABLE": "1", "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+           "JAXCHAT_CACHE": str(cache)}
     proc = subprocess.run([sys.executable, "-c", LOAD, model], cwd=root, env=env, capture_output=True, text=True,
                           timeout=900, check=False)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("SECONDS ")), None)
@@ -55,12 +60,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     roots = {"this": ROOT, "other": Path(args.against).resolve()}
-    for root in roots.values():
-        load_seconds(root, args.model)  # fills the converted-weights cache if missing; not counted
+    work = Path(tempfile.mkdtemp(prefix="jaxchat-load-weights-"))
+    caches = {name: own_cache(work, name) for name in roots}
+    try:
+        compare(args, roots, caches)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def compare(args: argparse.Namespace, roots: dict[str, Path], caches: dict[str, Path]) -> None:
+    for name, root in roots.items():
+        load_seconds(root, args.model, caches[name])  # fills the converted-weights cache; not counted
     times: dict[str, list[float]] = {name: [] for name in roots}
     for r in range(args.rounds):
         for name, root in (roots.items() if r % 2 == 0 else reversed(roots.items())):
-            times[name].append(load_seconds(root, args.model))
+            times[name].append(load_seconds(root, args.model, caches[name]))
             print(f"round {r + 1} {name}: {times[name][-1]:.2f} s", flush=True)
     for name, root in roots.items():
         print(f"{name:6s} {root}: min {min(times[name]):.2f} s, median {statistics.median(times[name]):.2f} s")

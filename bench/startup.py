@@ -30,6 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from own_cache import own_cache
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,7 +55,8 @@ def _get_json(url: str, timeout: float = 10) -> tuple[int, dict]:
         return r.status, json.loads(r.read() or b"{}")
 
 
-def time_to_first_call(args: argparse.Namespace, cache: Path, log: Path, root: Path = ROOT) -> dict:
+def time_to_first_call(args: argparse.Namespace, cache: Path, log: Path, root: Path = ROOT,
+                       assets: Path | None = None) -> dict:
     """Start `jaxchat serve` (of the checkout at `root`); seconds from spawning it to /health answering 200 and to
     the first answered tool call (a `tool_choice: required` chat completion), its warm-up log line, and the call it
     made. Before stopping it, waits for every program to be ready (`programs_ready` in /health, when it has it), so
@@ -63,7 +66,7 @@ def time_to_first_call(args: argparse.Namespace, cache: Path, log: Path, root: P
            "--max-context", str(args.max_context), "--compile-cache", str(cache)]
     if args.model:
         cmd += ["--model", args.model]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root), **({"JAXCHAT_CACHE": str(assets)} if assets else {})}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     base = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
@@ -112,7 +115,7 @@ def clear_dequantized(model: str | None) -> None:
         cached.unlink(missing_ok=True)
 
 
-def prepare_assets(root: Path) -> None:
+def prepare_assets(root: Path, assets: Path | None = None) -> None:
     """What scripts/bootstrap.sh's asset fetch does for the default model in the checkout at `root` (its own
     converted-weights cache format): a newcomer's first start finds it. Not timed; a checkout without
     `jaxchat.models.prepare_assets` is left as it is."""
@@ -121,7 +124,8 @@ def prepare_assets(root: Path) -> None:
         from jaxchat.assets import DEFAULT_MODEL
 
         subprocess.run([sys.executable, "-m", "jaxchat.models.prepare_assets", DEFAULT_MODEL], cwd=root, check=True,
-                       env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       env={**os.environ, "PYTHONPATH": str(root), **({"JAXCHAT_CACHE": str(assets)} if assets else {})},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -139,18 +143,22 @@ def main() -> None:
     work = Path(args.keep_logs or tempfile.mkdtemp(prefix="jaxchat-startup-"))
     work.mkdir(parents=True, exist_ok=True)
     roots = {"this": ROOT} if args.against is None else {"this": ROOT, "other": Path(args.against).resolve()}
+    # side by side, each checkout has its own converted-weights cache (the formats may differ)
+    assets = {name: own_cache(work, name) if args.against is not None else None for name in roots}
     try:
         for run in range(args.runs):
             times = {}
             for name, root in roots.items():
                 cache = work / f"cache-{name}-{run}"
-                if args.clear_weights:
+                if args.clear_weights and assets[name] is not None:
+                    shutil.rmtree(assets[name] / "dequantized", ignore_errors=True)
+                elif args.clear_weights:
                     clear_dequantized(args.model)
-                elif args.model is None:  # each checkout's own cache format (one may remove another's files)
-                    prepare_assets(root)
+                elif args.model is None:
+                    prepare_assets(root, assets[name])
                 label = "" if args.against is None else f" [{name}: {root}]"
                 for kind in ("cold", "warm"):
-                    got = time_to_first_call(args, cache, work / f"{kind}-{name}-{run}.log", root)
+                    got = time_to_first_call(args, cache, work / f"{kind}-{name}-{run}.log", root, assets[name])
                     times[name, kind] = got["first_call"]
                     print(f"run {run + 1}{label}: {kind} first tool call {got['first_call']:6.1f} s (/health "
                           f"{got['health']:6.1f} s) [{got['warmup']}] {got['call']}", flush=True)
