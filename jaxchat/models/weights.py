@@ -11,6 +11,9 @@ target dtype, stacks layers on axis 0 (a listed family's layers stay per-layer p
 On a mesh that spans several processes (multi-host) each process reads only the blocks of each param its own
 devices hold (`shard_read`: a slice of the tensor where its layout allows, `Tensor.load_slice`) and the params
 are assembled as global arrays from every process's blocks. Either way it logs the bytes of tensor data read.
+Its two halves are public: `host_params` (check, convert, stack into host arrays) and `place` (host arrays of every
+param, e.g. the converted-weights cache's memory-mapped views, as the model's params: on CPU an aligned array of
+the params' dtype becomes the device array's memory without a copy).
 """
 
 from __future__ import annotations
@@ -134,15 +137,17 @@ def place(cfg: ModelConfig, arrays: dict[tuple[str, ...], np.ndarray], dtype, me
     params: dict = {}
     for p in list(arrays):
         buf = arrays.pop(p)  # drop the host copy as soon as it is placed
-        buf = buf if buf.dtype == np_dtype else buf.astype(np_dtype)
         node = params
         for k in p[:-1]:
             node = node.setdefault(k, {})
+        if mesh is not None and mesh.is_multi_process:  # this process's blocks only, each cast on its own
+            sharding = jax.sharding.NamedSharding(mesh, _get(specs, p))
+            node[p[-1]] = jax.make_array_from_callback(buf.shape, sharding,
+                                                       lambda index, buf=buf: buf[index].astype(np_dtype))
+            continue
+        buf = buf if buf.dtype == np_dtype else buf.astype(np_dtype)
         if mesh is None:
             node[p[-1]] = jax.device_put(buf)
-        elif mesh.is_multi_process:
-            sharding = jax.sharding.NamedSharding(mesh, _get(specs, p))
-            node[p[-1]] = jax.make_array_from_callback(buf.shape, sharding, lambda index, buf=buf: buf[index])
         else:
             node[p[-1]] = jax.device_put(buf, jax.sharding.NamedSharding(mesh, _get(specs, p)))
     return graphdef, as_params(params, cfg)
