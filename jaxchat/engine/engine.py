@@ -58,7 +58,9 @@ Contract:
   (`core`); False runs launch, sample and token handling in turn (the same greedy outputs).
 - `jump_forward=True`: text a request's grammar forces is appended without sampling and run in the row's
   next step beside the other rows (`tokens`). `executable_cache=DIR` keeps the step programs serialized there
-  (`executables`), so the next engine on the same model and shapes loads them instead of compiling.
+  (`executables`), so the next engine on the same model and shapes loads them instead of compiling; the warm-up
+  records which ones it used first, and `Engine.from_path` of the same model and config loads those on a thread
+  while the weights load (`executable_preload`).
 - Multi-host: `engine.relay_steps(link)` (before `start()`) makes process 0's engine send every step call to
   the follower processes first (`step_link.BroadcastRunner`); the followers build the same engine with
   `start=False` and replay them (`step_link.follow(engine.runner, ...)`). When a follower is lost the loop
@@ -93,7 +95,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxchat.engine import pool_plan, pool_size
+from jaxchat.engine import executable_preload, pool_plan, pool_size
 from jaxchat.engine.arrivals import Arrival
 from jaxchat.engine.attention_xla import XlaAttention
 from jaxchat.engine.chips import chip_of_device
@@ -411,13 +413,17 @@ class Engine:
         background = first_set and self.config.programs == "background"
         keys = runner.first_keys() if first_set else runner.program_keys()
         _compile_with_progress(runner, keys, self.warmup_seconds)
+        if store is not None:  # the next start of the same model and config loads these beside its weights
+            executable_preload.record(store.directory, executable_preload.start_key(
+                self.model.source, self.config, self.mesh.devices.flat), list(store.used))
+            executable_preload.forget()
         runner.selective = runner.selective or first_set  # from now on, steps keep to the compiled programs
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
-        deserialized = store.loaded if store is not None else 0
+        deserialized, ahead = (store.loaded, store.ahead) if store is not None else (0, 0)
         total = len(runner.program_keys())
         log.info("Warm-up: %s programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
-                 "as executables)%s", f"{len(keys)} of {total}" if first_set else total, time.perf_counter() - t0,
-                 compiled - loaded, loaded, deserialized,
+                 "as executables, %d of them ahead, beside the weights)%s", f"{len(keys)} of {total}" if first_set
+                 else total, time.perf_counter() - t0, compiled - loaded, loaded, deserialized, ahead,
                  "" if len(keys) == total else "; the others compile in the background" if background
                  else "; the others are not compiled (programs: first)")
         if background and len(keys) < total:
@@ -454,7 +460,9 @@ class Engine:
                   **settings: Any) -> Engine:
         """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) with the config's `dtype` and
         `quantize` (`models.load.load_model`) and build an engine; `settings`: `Engine`'s (config fields,
-        `warmup`, `start`); `on_loaded()` is called once the weights are loaded, before the engine is built."""
+        `warmup`, `start`); `on_loaded()` is called once the weights are loaded, before the engine is built. With
+        an `executable_cache`, the programs the last start of this model and config loaded first are loaded ahead,
+        beside the weights."""
         from jaxchat.models import load_model
 
         if path is None:
@@ -464,6 +472,9 @@ class Engine:
         runtime = {k: settings.pop(k) for k in ("warmup", "start") if k in settings}
         config = (config or EngineConfig()).replace(**settings)
         mesh = mesh or make_mesh()
+        if config.executable_cache is not None and not in_cluster():  # the last start's first programs load
+            executable_preload.preload(config.executable_cache, executable_preload.start_key(  # beside the weights
+                str(path), config.resolve(mesh_platform(mesh)), mesh.devices.flat))
         model = load_model(path, config.dtype, mesh, quantize=config.quantize)
         if on_loaded is not None:
             on_loaded()

@@ -15,7 +15,9 @@ loads a stale program. (A wrapper installed on a model's forward is not in the k
 must not be given a store.)
 A file that cannot be read or loaded is replaced by a fresh compile; a program that cannot be serialized is
 simply compiled each start. Files are written atomically (a temporary file, then a rename).
-`store.loaded` / `store.saved` count programs loaded from and written to disk.
+`store.loaded` / `store.saved` count programs loaded from and written to disk; `store.used` names the file of each
+program asked for. A file another thread deserialized ahead of time (`executable_preload`) is taken from there
+(`store.ahead` counts them, within `loaded`).
 
 Loading executes what the file holds (pickle), so the directory must be as trusted as the code itself: it
 lives under the user's own asset cache.
@@ -39,8 +41,10 @@ import jaxlib
 import numpy as np
 from jax.experimental import serialize_executable
 
+from jaxchat.engine import executable_preload
+
 log = logging.getLogger(__name__)
-_FORMAT = 1
+_FORMAT = 2  # 2: a file holds (blob, an example of the arguments, an example of the outputs)
 
 
 @functools.cache
@@ -83,6 +87,8 @@ class ExecutableStore:
         self.identity = identity
         self.loaded = 0
         self.saved = 0
+        self.used: list[str] = []  # the file of each program asked for, in order
+        self.ahead = 0  # programs loaded from their files ahead of time (`executable_preload`)
 
     def key(self, name: str, args: tuple) -> str:
         h = hashlib.sha256()
@@ -95,6 +101,7 @@ class ExecutableStore:
 
     def load_or_compile(self, name: str, program: Any, args: tuple) -> jax.stages.Compiled:
         path = self.directory / f"{self.key(name, args)}.xla"
+        self.used.append(path.name)
         compiled = self._load(path, args)
         if compiled is not None:
             self.loaded += 1
@@ -104,13 +111,18 @@ class ExecutableStore:
         return compiled
 
     def _load(self, path: Path, args: tuple) -> jax.stages.Compiled | None:
+        in_tree = jax.tree.structure((args, {}))
+        preloaded = executable_preload.take(path)
+        if preloaded is not None and preloaded[0] == in_tree:
+            self.ahead += 1
+            return preloaded[1]
         if not path.exists():
             return None
         try:
-            with path.open("rb") as f:
-                blob, out_example = pickle.load(f)
-            in_tree = jax.tree.structure((args, {}))
-            return serialize_executable.deserialize_and_load(blob, in_tree, jax.tree.structure(out_example))
+            tree, compiled = read_program(path)
+            if tree != in_tree:
+                raise ValueError("its arguments are not the program's")
+            return compiled
         except Exception as exc:  # noqa: BLE001  (a damaged or foreign file: compile again and overwrite it)
             log.warning("could not load the compiled program %s (%s: %s); compiling it", path.name,
                         type(exc).__name__, exc)
@@ -118,9 +130,9 @@ class ExecutableStore:
 
     def _save(self, path: Path, compiled: jax.stages.Compiled) -> None:
         try:
-            blob, _, out_tree = serialize_executable.serialize(compiled)
-            out_example = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
-            payload = pickle.dumps((blob, out_example))
+            blob, in_tree, out_tree = serialize_executable.serialize(compiled)
+            examples = [jax.tree.unflatten(tree, [0] * tree.num_leaves) for tree in (in_tree, out_tree)]
+            payload = pickle.dumps((blob, *examples))
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
@@ -129,6 +141,14 @@ class ExecutableStore:
             self.saved += 1
         except Exception as exc:  # noqa: BLE001  (not serializable, or the disk said no: only the next start pays)
             log.warning("could not save the compiled program %s (%s: %s)", path.name, type(exc).__name__, exc)
+
+
+def read_program(path: Path) -> tuple[Any, jax.stages.Compiled]:
+    """(the tree of its arguments, the program) of a store file; raises on a damaged or foreign one."""
+    with path.open("rb") as f:
+        blob, in_example, out_example = pickle.load(f)
+    in_tree = jax.tree.structure(in_example)
+    return in_tree, serialize_executable.deserialize_and_load(blob, in_tree, jax.tree.structure(out_example))
 
 
 def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:

@@ -80,6 +80,11 @@ def test_second_start_on_one_cache_compiles_nothing(model, tmp_path):
     warm = start_and_read_metrics(model, "--compile-cache", str(cache), log=tmp_path / "warm.log")
     assert warm["programs_loaded"] == programs, (programs, warm)  # every step program came back from disk ...
     assert warm["compile_cache_hits"] == warm["compiles"], warm  # ... and whatever else XLA compiled was cached
-    assert re.search(rf"Warm-up: {first} of {programs} programs in [0-9.]+ s \(0 compiled", (tmp_path / "warm.log").read_text())
+    warm_log = (tmp_path / "warm.log").read_text()
+    assert re.search(rf"Warm-up: {first} of {programs} programs in [0-9.]+ s \(0 compiled", warm_log)
+    # the cold start recorded its first programs, and the warm one loaded them beside its weights
+    (record,) = (cache / "executables").glob("first-set-*.json")
+    assert len(json.loads(record.read_text())) == first
+    assert re.search(rf"{first} loaded as executables, {first} of them ahead, beside the weights", warm_log), warm_log
     assert warm["completion"] == cold["completion"]  # the loaded programs compute what the compiled ones did
 

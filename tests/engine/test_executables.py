@@ -115,3 +115,31 @@ def test_compiles_for_the_store_run_in_parallel_with_jaxs_cache_off_and_restore_
     again.load_or_compile("a", PROGRAM, _args(8))
     again.load_or_compile("b", PROGRAM, _args(16))
     assert again.loaded == 2
+
+
+def test_a_recorded_program_is_loaded_ahead_and_taken_only_for_its_own_file(tmp_path):
+    """`executable_preload`: the files a start recorded are deserialized on a thread; the next store takes the
+    preloaded program for that very file (counted in `ahead`), computes the same, and reads any other file
+    itself; a record naming a missing file or nothing preloads nothing."""
+    from jaxchat.engine import executable_preload
+
+    first = ExecutableStore(tmp_path, "model-a")
+    first.load_or_compile("step", PROGRAM, _args())
+    first.load_or_compile("step", PROGRAM, _args(16))
+    assert len(first.used) == 2 and all((tmp_path / name).exists() for name in first.used)
+    key = executable_preload.start_key(str(tmp_path / "model.gguf"), "config", jax.devices())
+    assert key != executable_preload.start_key(str(tmp_path / "model.gguf"), "another config", jax.devices())
+    executable_preload.record(tmp_path, key, first.used[:1])  # the first program only
+    thread = executable_preload.preload(tmp_path, key)
+    thread.join(60)
+    second = ExecutableStore(tmp_path, "model-a")
+    loaded = second.load_or_compile("step", PROGRAM, _args())
+    other = second.load_or_compile("step", PROGRAM, _args(16))
+    assert (second.loaded, second.ahead, second.saved) == (2, 1, 0)
+    for program, n in ((loaded, 8), (other, 16)):
+        got, want = program(*_args(n))[1], PROGRAM(*_args(n))[1]
+        assert float(got["max"]) == float(want["max"]) and float(got["mean"]) == float(want["mean"])
+    assert executable_preload.take(tmp_path / first.used[0]) is None  # taken once
+    executable_preload.record(tmp_path, key, ["missing.xla", "../escape.xla"])
+    assert executable_preload.preload(tmp_path, key) is None
+    assert executable_preload.preload(tmp_path, "never-recorded") is None
