@@ -161,17 +161,28 @@ class GrammarEngine:
         self._empty: OrderedDict[str, bool] = OrderedDict()  # tag -> whether its grammar matches no text
         self._pending: dict[str, Future] = {}  # tag -> its compile under way (one thread per tag)
         self._lock = threading.Lock()  # the caches above: compiles finish on their own threads
-        self._token_ids: dict[bytes, int] = {}  # the vocabulary by text (each chat format's markers are looked up)
-        for i, b in enumerate(info.decoded_vocab):  # 0.3 s for 150k tokens: here, not on the first request's path
-            self._token_ids.setdefault(bytes(b), i)
+        # the vocabulary by text (each chat format's markers are looked up in it): 0.3 s for 150k tokens, on a
+        # thread of its own, neither on a start's path (the server opens meanwhile) nor on the first request's
+        self._token_ids: Future = Future()
+        threading.Thread(target=self._map_vocabulary, args=(info,), name="jaxchat-vocab", daemon=True).start()
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         log.info("Grammar engine ready in %d ms", round(self.ready_ms))
 
     # -- vocabulary -------------------------------------------------------------------------------
 
+    def _map_vocabulary(self, info: xgr.TokenizerInfo) -> None:
+        try:
+            ids: dict[bytes, int] = {}
+            for i, b in enumerate(info.decoded_vocab):
+                ids.setdefault(bytes(b), i)
+        except BaseException as exc:  # noqa: BLE001 - raised again where the map is read
+            self._token_ids.set_exception(exc)
+            return
+        self._token_ids.set_result(ids)
+
     def token_id(self, text: str) -> int | None:
         """The id of the token whose text is exactly `text`, or None when `text` is not one token."""
-        return self._token_ids.get(text.encode()) if text else None
+        return self._token_ids.result().get(text.encode()) if text else None
 
     # -- grammars ---------------------------------------------------------------------------------
 
