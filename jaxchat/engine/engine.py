@@ -102,7 +102,7 @@ from jaxchat.engine.chips import chip_of_device
 from jaxchat.engine.compiles import Tally
 from jaxchat.engine.config import ATTENTION_CHOICES, EngineConfig
 from jaxchat.engine.core import EngineCore
-from jaxchat.engine.executables import ExecutableStore, program_identity
+from jaxchat.engine.executables import ExecutableStore, program_identity, read_program
 from jaxchat.engine.mailbox import Mailbox
 from jaxchat.engine.plan import SchedulerShape
 from jaxchat.engine.program_key import ProgramKey
@@ -319,6 +319,19 @@ def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: 
         runner.warmup(progress, keys=keys, workers=compile_workers(len(keys)))
 
 
+def _start_key(source: str, config: EngineConfig, mesh: jax.sharding.Mesh) -> str:
+    """The key of an engine's start (`executable_preload.start_key`), with `config` resolved as the engine does."""
+    return executable_preload.start_key(source, config.resolve(mesh_platform(mesh)), mesh.devices.flat)
+
+
+def _preload_first_programs(source: str, config: EngineConfig, mesh: jax.sharding.Mesh) -> None:
+    """With an executable store (one process), deserialize the programs the last start of this model and config
+    loaded first on a thread, beside the weights' load (`executable_preload`); what no warm-up takes is dropped
+    by the next warm-up's record."""
+    if config.executable_cache is not None and not in_cluster():
+        executable_preload.preload(config.executable_cache, _start_key(source, config, mesh), read_program)
+
+
 class Engine:
     def __init__(self, model: Any, max_batch: int | None = None, max_context: int | None = None, *,
                  config: EngineConfig | None = None, mesh: jax.sharding.Mesh | None = None, warmup: bool = True,
@@ -388,7 +401,7 @@ class Engine:
         c, vocab = self.config, model.config.vocab_size
         return dict(max_batch=c.max_batch, max_context=c.max_context, vocab_size=vocab,
                     valid_vocab=min(vocab, len(self.tokenizer)) if self.tokenizer is not None else vocab,
-                    mesh=self.mesh, backend=backend,
+                    mesh=self.mesh, backend=backend, short_first=platform == "cpu" and c.programs == "background",
                     token_buckets=c.step_token_buckets or token_buckets(c.max_step_tokens),
                     decode_rows=c.decode_rows or pow2_buckets(1, c.max_batch), ragged_rows=ragged_rows(c.max_batch),
                     verify_buckets=verify_buckets(c.max_step_tokens, platform) if c.speculative == "ngram" else (),
@@ -413,10 +426,9 @@ class Engine:
         background = first_set and self.config.programs == "background"
         keys = runner.first_keys() if first_set else runner.program_keys()
         _compile_with_progress(runner, keys, self.warmup_seconds)
-        if store is not None:  # the next start of the same model and config loads these beside its weights
-            executable_preload.record(store.directory, executable_preload.start_key(
-                self.model.source, self.config, self.mesh.devices.flat), list(store.used))
-            executable_preload.forget()
+        if store is not None:  # the next start of this model and config loads them beside its weights
+            executable_preload.record(store.directory, _start_key(self.model.source, self.config, self.mesh),
+                                      store.used)
         runner.selective = runner.selective or first_set  # from now on, steps keep to the compiled programs
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized, ahead = (store.loaded, store.ahead) if store is not None else (0, 0)
@@ -459,22 +471,16 @@ class Engine:
                   mesh: jax.sharding.Mesh | None = None, on_loaded: Callable[[], Any] | None = None,
                   **settings: Any) -> Engine:
         """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) with the config's `dtype` and
-        `quantize` (`models.load.load_model`) and build an engine; `settings`: `Engine`'s (config fields,
-        `warmup`, `start`); `on_loaded()` is called once the weights are loaded, before the engine is built. With
-        an `executable_cache`, the programs the last start of this model and config loaded first are loaded ahead,
-        beside the weights."""
+        `quantize` (`models.load.load_model`; the first programs beside it, `_preload_first_programs`) and build an
+        engine; `settings`: `Engine`'s (config fields, `warmup`, `start`); `on_loaded()` runs between the two."""
+        from jaxchat.assets import DEFAULT_MODEL, asset_path
         from jaxchat.models import load_model
 
-        if path is None:
-            from jaxchat.assets import DEFAULT_MODEL, asset_path
-
-            path = asset_path(DEFAULT_MODEL)
+        path = asset_path(DEFAULT_MODEL) if path is None else path
         runtime = {k: settings.pop(k) for k in ("warmup", "start") if k in settings}
         config = (config or EngineConfig()).replace(**settings)
         mesh = mesh or make_mesh()
-        if config.executable_cache is not None and not in_cluster():  # the last start's first programs load
-            executable_preload.preload(config.executable_cache, executable_preload.start_key(  # beside the weights
-                str(path), config.resolve(mesh_platform(mesh)), mesh.devices.flat))
+        _preload_first_programs(str(path), config, mesh)
         model = load_model(path, config.dtype, mesh, quantize=config.quantize)
         if on_loaded is not None:
             on_loaded()

@@ -6,9 +6,11 @@ Contract:
 - `start_key(source, config, devices)` names a start: the model's path (and its file's size and mtime), the
   engine config's fields and the devices (ids and platform).
 - `record(directory, key, names)`: after a warm-up, the store files its first set used (their names), written to
-  `<directory>/first-set-<key>.json` (atomically; an OSError only costs the next start's speed).
-- `preload(directory, key)`: a daemon thread deserializing each recorded file still there
-  (`executables.read_program`), each into this module's registry; None when nothing is recorded.
+  `<directory>/first-set-<key>.json` (atomically; an OSError only costs the next start's speed); it drops what
+  no warm-up took (`forget`).
+- `preload(directory, key, read)`: a daemon thread reading each recorded file still there with `read(path)`
+  (`executables.read_program`: the tree of its arguments and the program), each into this module's registry;
+  None when nothing is recorded.
 - `take(path)`: the preloaded `jax.stages.Compiled` of the store file `path` (waiting for it if its load is under
   way), once; None when it was not preloaded or could not be. The store calls it before reading a file itself, and
   uses what it gets only for the very file it would read (the file's name is the program's key), so a stale
@@ -24,7 +26,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ def _record_file(directory: str | os.PathLike, key: str) -> Path:
 
 
 def record(directory: str | os.PathLike, key: str, names: list[str]) -> None:
+    forget()  # a warm-up is done: what it did not take, nothing will
     target = _record_file(directory, key)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -62,9 +65,7 @@ def record(directory: str | os.PathLike, key: str, names: list[str]) -> None:
         log.warning("could not record the first programs in %s (%s)", target, exc)
 
 
-def preload(directory: str | os.PathLike, key: str) -> threading.Thread | None:
-    from jaxchat.engine.executables import read_program
-
+def preload(directory: str | os.PathLike, key: str, read: Callable[[Path], Any]) -> threading.Thread | None:
     try:
         names = json.loads(_record_file(directory, key).read_text())
     except (OSError, ValueError):
@@ -80,7 +81,7 @@ def preload(directory: str | os.PathLike, key: str) -> threading.Thread | None:
     def load_all() -> None:
         for path, future in futures.items():
             try:
-                future.set_result(read_program(Path(path)))
+                future.set_result(read(Path(path)))
             except Exception as exc:  # noqa: BLE001 - the store reads (and reports) it again itself
                 future.set_result(None)
                 log.debug("could not preload %s (%s)", path, exc)

@@ -1,16 +1,18 @@
 """Which step programs a runner has, which are ready, and which one a step runs (no JAX).
 
 Contract (`ProgramCatalogue(token_buckets, decode_rows, ragged_rows, verify_buckets, max_batch, prefix_reuse,
-compute_bound=False)`, one per `step.StepRunner`; keys are `program_key.ProgramKey`s):
+short_first=False)`, one per `step.StepRunner`; keys are `program_key.ProgramKey`s):
 - `program_keys()`: every program: decode R for R in `decode_rows`, ragged T x R for T in `token_buckets` and R
   in `ragged_rows` (R <= T), verify T x R likewise, then a sampler for each sampler width they need.
   A model with recurrent layers (`prefix_reuse` False) has ragged programs of one row and no verify programs.
 - `first_keys()`: the few programs that serve any request at a fair speed: one ragged program of a middle token
   bucket (the smallest above it that holds `max_batch` rows, if any) over as many rows as it holds, the largest
   decode step (so decoding rows do not each pay a prompt chunk's width), and their samplers. The middle is the
-  upper one of an even count, the lower one where the platform is `compute_bound` (CPU: a step's cost grows with
-  its width from the first token, so a short step, e.g. a jump-forward insert, must not pay a wide program's
-  cost: the 0.5B's 256-token step takes 1.07 s there, its 64-token step 0.28 s, for the same cost per token).
+  upper one of an even count, the lower one with `short_first` (an engine on CPU whose wider programs follow in
+  the background, `Engine`: there a step's cost grows with its width from the first token, and the first set
+  serves the first requests, whose short steps, e.g. a jump-forward insert, must not pay a wide program's cost:
+  the 0.5B's 256-token step takes 1.07 s, its 64-token step 0.28 s, for the same cost per token. With programs
+  "first" the first set serves for good, and a long prompt's steps are fewer in the wider one).
 - `ready(key)`: program `key` is compiled (from any thread). `selective` True: steps keep to ready forwards whose
   sampler is ready too; False: every program may run (compiled at its first call if need be).
 - `max_step_tokens`, `max_step_rows`, `max_verify_tokens`: what one step may run now (the scheduler's
@@ -28,8 +30,8 @@ from jaxchat.engine.program_key import FORWARD_KINDS, ProgramKey
 class ProgramCatalogue:
     def __init__(self, token_buckets: Sequence[int], decode_rows: Sequence[int], ragged_rows: Sequence[int],
                  verify_buckets: Sequence[int], max_batch: int, prefix_reuse: bool,
-                 compute_bound: bool = False) -> None:
-        self.max_batch, self.prefix_reuse, self.compute_bound = max_batch, prefix_reuse, compute_bound
+                 short_first: bool = False) -> None:
+        self.max_batch, self.prefix_reuse, self.short_first = max_batch, prefix_reuse, short_first
         self.token_buckets = tuple(sorted(set(token_buckets)))
         self.decode_rows = tuple(sorted({min(int(b), max_batch) for b in decode_rows}))
         rows = ragged_rows if prefix_reuse else (1,)
@@ -48,7 +50,7 @@ class ProgramCatalogue:
 
     def first_keys(self) -> list[ProgramKey]:
         buckets = self.token_buckets
-        middle = buckets[(len(buckets) - self.compute_bound) // 2]
+        middle = buckets[(len(buckets) - self.short_first) // 2]
         t = next((b for b in buckets if b >= max(middle, self.ragged_rows[-1])), middle)
         keys = [ProgramKey.ragged(t, max(r for r in self.ragged_rows if r <= t)),
                 ProgramKey.decode(self.decode_rows[-1])]

@@ -209,7 +209,8 @@ class StepRunner:
     def __init__(self, model: StepModel, *, max_batch: int, max_context: int, vocab_size: int, valid_vocab: int,
                  mesh: Mesh, backend: Any, num_pages: int, token_buckets: Sequence[int],
                  decode_rows: Sequence[int], ragged_rows: Sequence[int], verify_buckets: Sequence[int] = (),
-                 executables: ExecutableStore | None = None, abstract_arrays: bool = False) -> None:
+                 executables: ExecutableStore | None = None, abstract_arrays: bool = False,
+                 short_first: bool = False) -> None:
         self.vocab_size, self.valid_vocab = vocab_size, valid_vocab
         self.mask_words = mask_words(vocab_size)
         self.max_batch, self.max_context = max_batch, max_context
@@ -217,7 +218,7 @@ class StepRunner:
         self.pages_per_row = -(-max_context // self.page_size)
         self.prefix_reuse = model.prefix_reuse
         self.catalogue = ProgramCatalogue(token_buckets, decode_rows, ragged_rows, verify_buckets, max_batch,
-                                          model.prefix_reuse, compute_bound=mesh_platform(mesh) == "cpu")
+                                          model.prefix_reuse, short_first=short_first)
         c = self.catalogue
         self.token_buckets, self.decode_rows, self.ragged_rows = c.token_buckets, c.decode_rows, c.ragged_rows
         self.verify_buckets = c.verify_buckets

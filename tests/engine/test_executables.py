@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxchat.engine.executables import ExecutableStore, args_signature
+from jaxchat.engine.executables import ExecutableStore, args_signature, read_program
 
 
 class State(NamedTuple):
@@ -130,7 +130,7 @@ def test_a_recorded_program_is_loaded_ahead_and_taken_only_for_its_own_file(tmp_
     key = executable_preload.start_key(str(tmp_path / "model.gguf"), "config", jax.devices())
     assert key != executable_preload.start_key(str(tmp_path / "model.gguf"), "another config", jax.devices())
     executable_preload.record(tmp_path, key, first.used[:1])  # the first program only
-    thread = executable_preload.preload(tmp_path, key)
+    thread = executable_preload.preload(tmp_path, key, read_program)
     thread.join(60)
     second = ExecutableStore(tmp_path, "model-a")
     loaded = second.load_or_compile("step", PROGRAM, _args())
@@ -141,5 +141,5 @@ def test_a_recorded_program_is_loaded_ahead_and_taken_only_for_its_own_file(tmp_
         assert float(got["max"]) == float(want["max"]) and float(got["mean"]) == float(want["mean"])
     assert executable_preload.take(tmp_path / first.used[0]) is None  # taken once
     executable_preload.record(tmp_path, key, ["missing.xla", "../escape.xla"])
-    assert executable_preload.preload(tmp_path, key) is None
-    assert executable_preload.preload(tmp_path, "never-recorded") is None
+    assert executable_preload.preload(tmp_path, key, read_program) is None
+    assert executable_preload.preload(tmp_path, "never-recorded", read_program) is None

@@ -32,11 +32,25 @@ def test_the_catalogue_lists_typed_keys_and_picks_one_for_a_step():
     assert catalogue.shape_for(5, 70) is None
 
 
-def test_the_first_set_takes_a_middle_bucket_the_lower_one_where_steps_are_compute_bound():
-    def first(compute_bound: bool) -> list[str]:
+def test_the_first_set_takes_a_middle_bucket_the_lower_one_on_cpu_while_the_others_come_in_the_background():
+    def first(short_first: bool) -> list[str]:
         catalogue = ProgramCatalogue(token_buckets=(16, 64, 256, 512), decode_rows=(1, 2, 4, 8), ragged_rows=(8,),
-                                     verify_buckets=(8,), max_batch=8, prefix_reuse=True, compute_bound=compute_bound)
+                                     verify_buckets=(8,), max_batch=8, prefix_reuse=True, short_first=short_first)
         return [k.name for k in catalogue.first_keys()]
 
-    assert first(False) == ["ragged/256/8", "decode/8", "sample/8"]  # accelerators: the wider step is as cheap
+    assert first(False) == ["ragged/256/8", "decode/8", "sample/8"]  # accelerators, or the first set for good
     assert first(True) == ["ragged/64/8", "decode/8", "sample/8"]  # CPU: a short step must not pay 256 tokens
+
+    def engine_first(programs: str) -> list[str]:
+        from jaxchat.engine.engine import Engine
+        from tests.engine.helpers import FakeModel, byte_tokenizer
+
+        tok = byte_tokenizer()
+        engine = Engine(FakeModel(tok, eos=(tok.convert_tokens_to_ids("<|im_end|>"),)), max_batch=8, max_context=512,
+                        max_step_tokens=512, programs=programs, warmup=False, start=False)
+        try:
+            return [k.name for k in engine.runner.first_keys()]
+        finally:
+            engine.shutdown()
+
+    assert engine_first("background")[0] == "ragged/64/8" and engine_first("first")[0] == "ragged/256/8"  # on CPU
