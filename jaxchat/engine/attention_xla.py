@@ -34,6 +34,7 @@ Contract (`jaxchat.models.kv` states what a forward expects of a backend):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -64,6 +65,8 @@ def write_kv(pool, layer, k, v, slots, page_size: int):
             values.at[layer, page, :, off, :].set(v, mode="drop"))
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["tokens", "rows", "positions"],
+                   meta_fields=["identity"])
 @dataclasses.dataclass(frozen=True)
 class Blocks:
     """Query blocks of one pass: tokens [NB, Qb] (T = none), rows [NB], positions [NB, Qb] (-1 = none)."""
@@ -177,9 +180,12 @@ def plan_items(blocks: Blocks, page_tables: jax.Array, page_size: int, kv_block:
                  weights.reshape(nb, m, per_iter).transpose(1, 0, 2), (cu[-1] + per_iter - 1) // per_iter)
 
 
+@functools.partial(jax.jit, static_argnames=("page_size", "scale", "softcap", "trips"))
 def attend_blocks(q, pool, layer, blocks: Blocks, items: Items, *, page_size: int, scale: float,
                   softcap: float | None, sinks, trips: int | None = None):
-    """Attention of the blocks' queries (q [T, H, D]) over their items -> [NB, Qb, H, D] (float32)."""
+    """Attention of the blocks' queries (q [T, H, D]) over their items -> [NB, Qb, H, D] (float32). A nested
+    `jit`: every layer of a step calls it with the same shapes, so it is traced and lowered once per pass, not
+    once per layer (XLA inlines the calls: the program is the same)."""
     keys_all, values_all = pool
     t, h, d = q.shape
     kvh = keys_all.shape[-3]

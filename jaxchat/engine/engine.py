@@ -283,9 +283,11 @@ def _compile_queued(runner: StepRunner, queue: Iterator[ProgramKey], lock: threa
             elif not first or time.monotonic() - quiet_since >= BACKGROUND_START_QUIET_S:
                 break
             time.sleep(0.05)
-        first = False
         if runner.released:
             return
+        if first and runner.executables is not None:  # the first set's files, kept back by the warm-up
+            runner.executables.save_deferred()
+        first = False
         start = time.perf_counter()
         try:
             compiled = runner.compile(key)
@@ -307,11 +309,14 @@ def compile_workers(programs: int) -> int:
     return max(1, min(programs, os.cpu_count() or 1))
 
 
-def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: dict) -> None:
-    """`runner.warmup(keys)` under a progress bar, `compile_workers` at once; `seconds[key]`: how long each took."""
+def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: dict, defer_saves: bool) -> None:
+    """`runner.warmup(keys)` under a progress bar, `compile_workers` at once; `seconds[key]`: how long each took.
+    `defer_saves`: the executable store writes their files later (`_compile_queued`, once the engine is quiet)."""
     from tqdm import tqdm
 
-    with tqdm(total=len(keys), desc="compiling or loading programs", unit="program", leave=False) as bar:
+    store = runner.executables
+    deferring = store.deferring() if defer_saves and store is not None else contextlib.nullcontext()
+    with deferring, tqdm(total=len(keys), desc="compiling or loading programs", unit="program", leave=False) as bar:
         def progress(key: ProgramKey, took: float) -> None:
             seconds[key] = took
             bar.update(1)
@@ -425,7 +430,8 @@ class Engine:
         first_set = self.config.programs != "all" and self.core.background is None and not runner.selective
         background = first_set and self.config.programs == "background"
         keys = runner.first_keys() if first_set else runner.program_keys()
-        _compile_with_progress(runner, keys, self.warmup_seconds)
+        rest_later = background and len(keys) < len(runner.program_keys())  # its compile thread saves these
+        _compile_with_progress(runner, keys, self.warmup_seconds, rest_later)
         if store is not None:  # the next start of this model and config loads them beside its weights
             executable_preload.record(store.directory, _start_key(self.model.source, self.config, self.mesh),
                                       store.used)

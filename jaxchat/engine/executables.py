@@ -18,6 +18,10 @@ simply compiled each start. Files are written atomically (a temporary file, then
 `store.loaded` / `store.saved` count programs loaded from and written to disk; `store.used` names the file of each
 program asked for. A file another thread deserialized ahead of time (`executable_preload`) is taken from there
 (`store.ahead` counts them, within `loaded`).
+Inside `with store.deferring():` the files of the programs compiled are not written yet but kept in memory
+until `store.save_deferred()` (from any thread, once: an engine's first set is written by its background
+compile thread once the engine is quiet, off the path to its first request); a store dropped before that only
+costs the next start its compiles.
 
 Loading executes what the file holds (pickle), so the directory must be as trusted as the code itself: it
 lives under the user's own asset cache.
@@ -25,6 +29,7 @@ lives under the user's own asset cache.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -32,6 +37,7 @@ import os
 import pickle
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +95,9 @@ class ExecutableStore:
         self.saved = 0
         self.used: list[str] = []  # the file of each program asked for, in order
         self.ahead = 0  # programs loaded from their files ahead of time (`executable_preload`)
+        self._deferring = False
+        self._deferred: list[tuple[Path, jax.stages.Compiled]] = []
+        self._deferred_lock = threading.Lock()
 
     def key(self, name: str, args: tuple) -> str:
         h = hashlib.sha256()
@@ -107,8 +116,28 @@ class ExecutableStore:
             self.loaded += 1
             return compiled
         compiled = _compile_afresh(program, args)
-        self._save(path, compiled)
+        if self._deferring:
+            with self._deferred_lock:
+                self._deferred.append((path, compiled))
+        else:
+            self._save(path, compiled)
         return compiled
+
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[None]:
+        """Keep the files of the programs compiled inside in memory until `save_deferred`."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
+    def save_deferred(self) -> None:
+        """Write the files `deferring` kept back (none: nothing to do)."""
+        with self._deferred_lock:
+            deferred, self._deferred = self._deferred, []
+        for path, compiled in deferred:
+            self._save(path, compiled)
 
     def _load(self, path: Path, args: tuple) -> jax.stages.Compiled | None:
         in_tree = jax.tree.structure((args, {}))

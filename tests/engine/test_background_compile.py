@@ -240,6 +240,7 @@ def test_background_compiles_run_workers_at_once_in_order_and_count_in_the_engin
 
     class Runner:
         released = False
+        executables = None
 
         def compile(self, key):
             with lock:
@@ -301,15 +302,20 @@ def test_in_a_cluster_the_background_waits_to_be_linked_and_adopts_once_every_pr
 def test_the_first_background_compile_waits_for_a_quiet_engine_and_the_others_only_for_an_idle_one(monkeypatch):
     """A server's first request comes right after it opens: the background's first compile starts only once the
     engine has been idle for `BACKGROUND_START_QUIET_S` (here 0.4 s, after 0.5 s busy), the next ones as soon as
-    it is idle."""
+    it is idle. The first set's store files, kept back by the warm-up, are written then, before that compile."""
     from jaxchat.engine.compiles import Tally
 
     monkeypatch.setattr(engine_module, "BACKGROUND_START_QUIET_S", 0.4)
     keys = [ProgramKey.sample(r) for r in (1, 2, 4)]
-    started, adopted = [], []
+    started, adopted, saved = [], [], []
+
+    class Store:
+        def save_deferred(self):
+            saved.append(time.monotonic())
 
     class Runner:
         released = False
+        executables = Store()
 
         def compile(self, key):
             started.append(time.monotonic())
@@ -329,4 +335,5 @@ def test_the_first_background_compile_waits_for_a_quiet_engine_and_the_others_on
     engine_module._compile_in_background(Runner(), keys, Tally(), {}, busy=lambda: time.monotonic() < busy_until)
     assert adopted == keys
     assert started[0] - t0 >= 0.5 + 0.4 - 0.06  # busy, then quiet for the whole period
+    assert len(saved) == 1 and saved[0] - t0 >= 0.5 + 0.4 - 0.06 and saved[0] <= started[0]
     assert started[-1] - started[0] < 0.3  # the others wait for nothing: the engine is idle

@@ -143,3 +143,18 @@ def test_a_recorded_program_is_loaded_ahead_and_taken_only_for_its_own_file(tmp_
     executable_preload.record(tmp_path, key, ["missing.xla", "../escape.xla"])
     assert executable_preload.preload(tmp_path, key, read_program) is None
     assert executable_preload.preload(tmp_path, "never-recorded", read_program) is None
+
+
+def test_a_deferring_store_writes_its_files_only_when_asked_and_the_next_store_loads_them(tmp_path):
+    """Inside `deferring()` a compiled program is returned but its file is not written; `save_deferred()` writes
+    each kept one once (an engine's background thread does, off the path to the first request)."""
+    store = ExecutableStore(tmp_path, "model-a")
+    with store.deferring():
+        store.load_or_compile("step", PROGRAM, _args())
+    assert store.saved == 0 and not list(tmp_path.glob("*.xla"))
+    store.save_deferred()
+    store.save_deferred()
+    assert store.saved == 1 and len(list(tmp_path.glob("*.xla"))) == 1
+    again = ExecutableStore(tmp_path, "model-a")
+    again.load_or_compile("step", PROGRAM, _args())
+    assert (again.loaded, again.saved) == (1, 0)
