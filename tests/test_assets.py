@@ -72,3 +72,23 @@ def test_unreachable_index_is_a_clear_error(empty_cache):
 def test_unknown_asset_is_named():
     with pytest.raises(assets.AssetError, match="unknown asset 'nope'"):
         assets.fetch("nope")
+
+
+def test_atomic_write_replaces_the_file_whole_or_leaves_it_as_it_was(tmp_path):
+    """`atomic_write`: the new content appears at once (its folder made); a block that raises leaves the old file
+    and no temporary file beside it; `shared` gives the file the umask's permissions, not a temporary file's 0600."""
+    target = tmp_path / "made" / "cache.json"
+    with assets.atomic_write(target, "w") as out:
+        out.write("first")
+    assert target.read_text() == "first" and (target.stat().st_mode & 0o777) == 0o600
+    with pytest.raises(RuntimeError), assets.atomic_write(target, "w") as out:
+        out.write("half of the second")
+        raise RuntimeError("the writer failed")
+    assert target.read_text() == "first" and [p.name for p in target.parent.iterdir()] == ["cache.json"]
+    umask = os.umask(0o022)
+    try:
+        with assets.atomic_write(target, "wb", shared=True) as out:
+            out.write(b"second")
+    finally:
+        os.umask(umask)
+    assert target.read_bytes() == b"second" and (target.stat().st_mode & 0o777) == 0o644

@@ -116,11 +116,9 @@ def _hf_tokenizer_info(tokenizer, vocab_size: int, stop_ids: list[int]) -> xgr.T
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or os.environ.get("JAXCHAT_TOKENIZER_CACHE", "1") == "0":
         return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
-    import tempfile
-
     import xxhash
 
-    from jaxchat.assets import cache_dir
+    from jaxchat.assets import atomic_write, cache_dir
 
     key = xxhash.xxh3_64()
     for part in (backend.to_str(), type(tokenizer).__name__, json.dumps(tokenizer.init_kwargs, sort_keys=True,
@@ -134,11 +132,8 @@ def _hf_tokenizer_info(tokenizer, vocab_size: int, stop_ids: list[int]) -> xgr.T
         pass
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as out:
+        with atomic_write(path, "w") as out:
             out.write(info.serialize_json())
-        os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs speed
     return info

@@ -24,12 +24,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+from jaxchat.assets import atomic_write
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -56,11 +57,8 @@ def record(directory: str | os.PathLike, key: str, names: list[str]) -> None:
     forget()  # a warm-up is done: what it did not take, nothing will
     target = _record_file(directory, key)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with atomic_write(target, "w") as f:
             json.dump(names, f)
-        os.replace(tmp, target)
     except OSError as exc:
         log.warning("could not record the first programs in %s (%s)", target, exc)
 

@@ -35,7 +35,6 @@ import hashlib
 import logging
 import os
 import pickle
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +46,7 @@ import jaxlib
 import numpy as np
 from jax.experimental import serialize_executable
 
+from jaxchat.assets import atomic_write
 from jaxchat.engine import executable_preload
 
 log = logging.getLogger(__name__)
@@ -162,11 +162,8 @@ class ExecutableStore:
             blob, in_tree, out_tree = serialize_executable.serialize(compiled)
             examples = [jax.tree.unflatten(tree, [0] * tree.num_leaves) for tree in (in_tree, out_tree)]
             payload = pickle.dumps((blob, *examples))
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+            with atomic_write(path) as f:
                 f.write(payload)
-            os.replace(tmp, path)
             self.saved += 1
         except Exception as exc:  # noqa: BLE001  (not serializable, or the disk said no: only the next start pays)
             log.warning("could not save the compiled program %s (%s: %s)", path.name, type(exc).__name__, exc)

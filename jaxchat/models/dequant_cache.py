@@ -31,12 +31,13 @@ import json
 import mmap
 import os
 import re
-import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 import xxhash
+
+from jaxchat.assets import atomic_write
 
 VERSION = 4  # bump when the fix-ups, names, layout or hashes written to the cache change
 ALIGN = 64  # XLA:CPU takes a host array aligned to this as a device array's memory, without copying it
@@ -94,21 +95,12 @@ def write_cache(file: Path, params: dict[str, np.ndarray], metadata: dict[str, s
             "param_xxh3": json.dumps(hashes, separators=(",", ":"))}
     raw = json.dumps({"__metadata__": meta, **layout}, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % ALIGN)  # the data starts aligned
-    tmp = None
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".tmp-", suffix=".safetensors")
-        with os.fdopen(fd, "wb") as out:
+        with atomic_write(file, shared=True) as out:
             out.write(len(raw).to_bytes(8, "little") + raw)
             for name in layout:
                 out.write(memoryview(params[name]).cast("B"))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide it from other users
-        os.replace(tmp, file)
     except OSError:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         return False
     _remove_stale_siblings(file)
     return True
