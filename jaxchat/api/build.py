@@ -6,14 +6,15 @@ Contract: `build_chat_service(model=None, config=None, constrained=True, data_pa
 `settings` (its fields: `max_batch`, `dtype`, `quantize` "int8" for int8 weights, ...; and `warmup`, `start`)
 changed, starts an engine (`data_parallel` N > 1: N replicas, each over
 1/N of the devices with `max_batch` rows, behind one front, `engine.replicas`; None: its default) and, unless `constrained` is False, a
-grammar engine over the same tokenizer and vocabulary (xgrammar imported and the grammar engine built while the
-first programs compile or load), and returns the `ChatService` serving it under
-`model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request readers and
+grammar engine over the same tokenizer and vocabulary (xgrammar imported and the grammar engine built once the
+first programs are lowered or loaded, while they compile or first run), and returns the `ChatService` serving it
+under `model_id_for(model)`. jax and xgrammar are imported only when it is called, so the request readers and
 shapes of `jaxchat.api` load without them.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,26 +58,25 @@ def build_chat_service(model=None, config=None, *, constrained: bool = True, dat
     if model is None:
         model = asset_path(DEFAULT_MODEL)
     warmup, start = settings.pop("warmup", True), settings.pop("start", True)
-    # xgrammar (and the torch it imports) loads, and then the grammar engine reads the vocabulary, while the KV
-    # pool is made and the step programs compile or load (work that leaves the GIL free): a warm start is ready
-    # seconds sooner. Beside the weights it would not be: their load is mostly imports and the tokenizer's,
-    # which hold the GIL too.
+    # xgrammar (and the torch it imports) loads, and the grammar engine reads the vocabulary, once the warm-up's
+    # programs are lowered or loaded: what is left of the warm-up (XLA's compiles, the programs' first runs) leaves
+    # the GIL free. Beside the weights' load or the programs' tracing, which hold the GIL too, the two slowed each
+    # other: a cold start here was 5.8 s longer to the end of the warm-up, a warm one no shorter.
     with ThreadPoolExecutor(1, thread_name_prefix="jaxchat-grammar") as pool:
-        imported: list = []
+        built: list = []
+        lock = threading.Lock()
 
-        def import_grammar() -> None:
-            if constrained:
-                imported.append(pool.submit(_grammar_engine_class))
+        def build_grammar() -> None:
+            with lock:
+                if constrained and not built:
+                    built.append(pool.submit(_grammar_engine, engine.tokenizer, engine.model.config.vocab_size))
 
-        engine = replicas.from_path(str(model), data_parallel, config, warmup=False, start=False,
-                                    on_loaded=import_grammar, **settings)
-        grammar_class = imported[0] if imported else None
+        engine = replicas.from_path(str(model), data_parallel, config, warmup=False, start=False, **settings)
         try:
-            grammar = (pool.submit(_grammar_engine, grammar_class, engine.tokenizer, engine.model.config.vocab_size)
-                       if grammar_class is not None else None)
             if warmup:
-                engine.warm_up()
-            grammar = grammar.result() if grammar is not None else None
+                engine.warm_up(lowered=build_grammar)
+            build_grammar()  # without a warm-up (or one that lowered nothing)
+            grammar = built[0].result() if built else None
             if start:
                 engine.start()
         except BaseException:
@@ -85,15 +85,9 @@ def build_chat_service(model=None, config=None, *, constrained: bool = True, dat
     return ChatService(engine, model_id_for(model), grammar)
 
 
-def _grammar_engine_class():
-    from jaxchat.constrain import GrammarEngine
-
-    return GrammarEngine
-
-
-def _grammar_engine(grammar_class, tokenizer, vocab_size: int):
+def _grammar_engine(tokenizer, vocab_size: int):
     try:
-        cls = grammar_class.result()
-    except Exception:  # noqa: BLE001 - the import raced the main thread's (transformers' lazy module is not
-        cls = _grammar_engine_class()  # thread-safe: "cannot import name ..."): again, now that the model is loaded
-    return cls(tokenizer, vocab_size=vocab_size)
+        from jaxchat.constrain import GrammarEngine
+    except ImportError:  # raced another thread's import (transformers' lazy module is not thread-safe): once more
+        from jaxchat.constrain import GrammarEngine
+    return GrammarEngine(tokenizer, vocab_size=vocab_size)

@@ -309,9 +309,11 @@ def compile_workers(programs: int) -> int:
     return max(1, min(programs, os.cpu_count() or 1))
 
 
-def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: dict, defer_saves: bool) -> None:
-    """`runner.warmup(keys)` under a progress bar, `compile_workers` at once; `seconds[key]`: how long each took.
-    `defer_saves`: the executable store writes their files later (`_compile_queued`, once the engine is quiet)."""
+def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: dict, defer_saves: bool,
+                           lowered: Callable[[], None] | None = None) -> None:
+    """`runner.warmup(keys, lowered=lowered)` under a progress bar, `compile_workers` at once; `seconds[key]`: how
+    long each took. `defer_saves`: the executable store writes their files later (`_compile_queued`, once the engine
+    is quiet)."""
     from tqdm import tqdm
 
     store = runner.executables
@@ -321,7 +323,7 @@ def _compile_with_progress(runner: StepRunner, keys: list[ProgramKey], seconds: 
             seconds[key] = took
             bar.update(1)
 
-        runner.warmup(progress, keys=keys, workers=compile_workers(len(keys)))
+        runner.warmup(progress, keys=keys, workers=compile_workers(len(keys)), lowered=lowered)
 
 
 def _start_key(source: str, config: EngineConfig, mesh: jax.sharding.Mesh) -> str:
@@ -413,16 +415,17 @@ class Engine:
                     executables=None if c.executable_cache is None or jax.process_count() > 1
                     else ExecutableStore(c.executable_cache, identity))
 
-    def warm_up(self) -> None:
+    def warm_up(self, lowered: Callable[[], None] | None = None) -> None:
         """Compile (or load) every step program now: what `warmup=True` does when the engine is built (an engine
         built with `warmup=False` may do it later, from any thread); its compiles count as the warm-up's. With
         `programs` "background" or "first": the first set (`StepRunner.first_keys`) now ("background": the others on
         a background thread, each run by the steps once it is ready); until a program is ready a step is chunked
-        into the ready ones, never waiting on a compile (`StepRunner.selective`)."""
+        into the ready ones, never waiting on a compile (`StepRunner.selective`). `lowered()`: once they are all
+        lowered or loaded (`StepRunner.warmup`)."""
         with self.compiles.counting():
-            self._warmup()
+            self._warmup(lowered)
 
-    def _warmup(self) -> None:
+    def _warmup(self, lowered: Callable[[], None] | None) -> None:
         """Compile (or load from the persistent compilation cache) the step programs, with a progress bar
         and a log line of how many were compiled and how many loaded."""
         t0, compiles, hits = time.perf_counter(), self.compiles.compiles, self.compiles.cache_hits
@@ -431,7 +434,7 @@ class Engine:
         background = first_set and self.config.programs == "background"
         keys, total = runner.first_keys() if first_set else runner.program_keys(), len(runner.program_keys())
         rest_later = background and len(keys) < total  # then the background's compile thread saves these
-        _compile_with_progress(runner, keys, self.warmup_seconds, rest_later)
+        _compile_with_progress(runner, keys, self.warmup_seconds, rest_later, lowered)
         if store is not None:  # the next start of this model and config loads them beside its weights
             executable_preload.record(store.directory, _start_key(self.model.source, self.config, self.mesh),
                                       store.used)
@@ -473,11 +476,10 @@ class Engine:
 
     @classmethod
     def from_path(cls, path: str | None = None, config: EngineConfig | None = None, *,
-                  mesh: jax.sharding.Mesh | None = None, on_loaded: Callable[[], Any] | None = None,
-                  **settings: Any) -> Engine:
+                  mesh: jax.sharding.Mesh | None = None, **settings: Any) -> Engine:
         """Load `path` (HF dir, .gguf, orbax dir; None = the default model asset) with the config's `dtype` and
         `quantize` (`models.load.load_model`; the first programs beside it, `_preload_first_programs`) and build an
-        engine; `settings`: `Engine`'s (config fields, `warmup`, `start`); `on_loaded()` runs between the two."""
+        engine; `settings`: `Engine`'s (config fields, `warmup`, `start`)."""
         from jaxchat.assets import DEFAULT_MODEL, asset_path
         from jaxchat.models import load_model
 
@@ -487,8 +489,6 @@ class Engine:
         mesh = mesh or make_mesh()
         _preload_first_programs(str(path), config, mesh)
         model = load_model(path, config.dtype, mesh, quantize=config.quantize)
-        if on_loaded is not None:
-            on_loaded()
         return cls(model, config=config, mesh=mesh, **runtime)
 
     # ---- lifecycle ------------------------------------------------------------------------------------

@@ -2,11 +2,12 @@
 lowering and compiling each one again.
 
 Contract: `ExecutableStore(directory, identity)` keeps one file per program under `directory`.
-`store.load_or_compile(name, program, args)` returns a `jax.stages.Compiled` for the jitted `program` called
-with `args`: deserialized from its file when one exists for the same key, else lowered and compiled for real
-(JAX's persistent compilation cache off for that compile: an executable it returns does not serialize whole
-on XLA:CPU), then written for the next start. So the step programs of a `jaxchat serve` that keeps
-executables are not in XLA's persistent cache.
+`store.load_or_compile(name, program, args, on_lowered=None)` returns a `jax.stages.Compiled` for the jitted
+`program` called with `args`: deserialized from its file when one exists for the same key, else lowered and
+compiled for real (JAX's persistent compilation cache off for that compile: an executable it returns does not
+serialize whole on XLA:CPU), then written for the next start. So the step programs of a `jaxchat serve` that keeps
+executables are not in XLA's persistent cache. `on_lowered()`, when given, runs once the program is loaded or
+lowered: what is left of it, XLA's compile, leaves the GIL free.
 The key hashes everything a program's executable depends on: `identity` (what the caller's traced code
 closes over: model config, dtype, constants), `name` (which program, with its static options), the abstract
 signature of `args` (tree structure, shapes, dtypes, shardings and their devices), the jax, jaxlib and flax versions,
@@ -36,7 +37,7 @@ import logging
 import os
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +109,17 @@ class ExecutableStore:
             h.update(b"\0")
         return h.hexdigest()
 
-    def load_or_compile(self, name: str, program: Any, args: tuple) -> jax.stages.Compiled:
+    def load_or_compile(self, name: str, program: Any, args: tuple,
+                        on_lowered: Callable[[], None] | None = None) -> jax.stages.Compiled:
         path = self.directory / f"{self.key(name, args)}.xla"
         self.used.append(path.name)
         compiled = self._load(path, args)
         if compiled is not None:
             self.loaded += 1
+            if on_lowered is not None:
+                on_lowered()
             return compiled
-        compiled = _compile_afresh(program, args)
+        compiled = _compile_afresh(program, args, on_lowered)
         if self._deferring:
             with self._deferred_lock:
                 self._deferred.append((path, compiled))
@@ -177,12 +181,15 @@ def read_program(path: Path) -> tuple[Any, jax.stages.Compiled]:
     return in_tree, serialize_executable.deserialize_and_load(blob, in_tree, jax.tree.structure(out_example))
 
 
-def _compile_afresh(program: Any, args: tuple) -> jax.stages.Compiled:
+def _compile_afresh(program: Any, args: tuple, on_lowered: Callable[[], None] | None = None) -> jax.stages.Compiled:
     """Lower and compile with JAX's persistent compilation cache off: on XLA:CPU an executable loaded from that
     cache serializes without some of its kernels ("Function ... not found" when the copy runs), so a program
-    that is to be written must be compiled for real."""
+    that is to be written must be compiled for real. `on_lowered()` runs between the two."""
     with _CACHE_OFF:  # the setting is process-wide: off while any such compile runs (several may, in parallel)
-        return program.lower(*args).compile()
+        lowered = program.lower(*args)
+        if on_lowered is not None:
+            on_lowered()
+        return lowered.compile()
 
 
 class _CacheOffWhileCompiling:

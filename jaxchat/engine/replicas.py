@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import logging
 import threading
 import uuid
@@ -38,7 +39,7 @@ import jax
 
 from jaxchat.engine.config import EngineConfig
 from jaxchat.engine.engine import Engine
-from jaxchat.engine.step import make_mesh
+from jaxchat.engine.step import countdown, make_mesh
 from jaxchat.engine.types import EngineStats, GenerationOutput, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,9 @@ def plan(path: str | Path, data_parallel: int | None, devices: Sequence[Any], dt
 
 
 def from_path(path: str | Path, data_parallel: int | None = None, config: EngineConfig | None = None, *,
-              mesh: jax.sharding.Mesh | None = None, on_loaded: Callable[[], Any] | None = None,
-              **settings: Any) -> Engine | Replicas:
+              mesh: jax.sharding.Mesh | None = None, **settings: Any) -> Engine | Replicas:
     """One engine over the devices, or `data_parallel` replicas (None: the default plan); `config` with
-    `settings` (its fields, and `warmup`, `start`) changed; `on_loaded()` is called once the first replica's
-    weights are loaded, before its engine is built."""
+    `settings` (its fields, and `warmup`, `start`) changed."""
     warmup, start = settings.pop("warmup", True), settings.pop("start", True)
     config = (config or EngineConfig()).replace(**settings)
     devices = list(mesh.devices.flat) if mesh is not None else jax.devices()
@@ -122,8 +121,7 @@ def from_path(path: str | Path, data_parallel: int | None = None, config: Engine
     log.info("Plan: %d data-parallel replica%s of %d device%s (%s)", n, "s" * (n > 1), len(devices) // n,
              "s" * (len(devices) // n > 1), why or "the default")
     if n == 1:
-        return Engine.from_path(str(path), config, mesh=mesh or make_mesh(devices), on_loaded=on_loaded,
-                                warmup=warmup, start=start)
+        return Engine.from_path(str(path), config, mesh=mesh or make_mesh(devices), warmup=warmup, start=start)
     from jaxchat.models import load_model
 
     engines: list[Engine] = []
@@ -131,8 +129,6 @@ def from_path(path: str | Path, data_parallel: int | None = None, config: Engine
         for group in split_devices(devices, n):
             group_mesh = make_mesh(group)
             model = load_model(path, config.dtype, group_mesh, quantize=config.quantize)
-            if on_loaded is not None and not engines:
-                on_loaded()
             engines.append(Engine(model, config=config, mesh=group_mesh, warmup=False, start=start))
         front = Replicas(engines)
         if warmup:
@@ -248,10 +244,12 @@ class Replicas:
         return all(engine.prompt_fits(tokens) for engine in self.engines)
 
     # ---- lifecycle and gauges -------------------------------------------------------------------------------
-    def warm_up(self) -> None:
-        """Each replica compiles its own programs (bound to its devices): all at once."""
+    def warm_up(self, lowered: Callable[[], None] | None = None) -> None:
+        """Each replica compiles its own programs (bound to its devices): all at once; `lowered()` once every
+        replica's are lowered or loaded (`Engine.warm_up`)."""
+        each = countdown(len(self.engines), lowered)
         with ThreadPoolExecutor(len(self.engines), thread_name_prefix="jaxchat-warmup") as pool:
-            list(pool.map(Engine.warm_up, self.engines))
+            list(pool.map(functools.partial(Engine.warm_up, lowered=each), self.engines))
 
     def start(self) -> None:
         for engine in self.engines:

@@ -57,6 +57,7 @@ Contract:
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -407,26 +408,34 @@ class StepRunner:
         traced = self._programs[key].trace(*self._example(key))
         return traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
 
-    def compile(self, key: ProgramKey) -> Any:
+    def compile(self, key: ProgramKey, on_lowered: Callable[[], None] | None = None) -> Any:
         """Program `key` compiled for exactly the arguments a call passes (or loaded from the executable store);
-        not kept: `warmup` (or `adopt`) keeps what it compiles. From any thread: it lowers over the state's shapes."""
+        not kept: `warmup` (or `adopt`) keeps what it compiles. From any thread: it lowers over the state's shapes.
+        `on_lowered()` runs once it is lowered or loaded (the rest, XLA's compile, leaves the GIL free)."""
         program, args = self._programs[key], self._example(key, abstract_state=True)
         if self.executables is None:
-            return program.lower(*args).compile()
+            lowered = program.lower(*args)
+            if on_lowered is not None:
+                on_lowered()
+            return lowered.compile()
         identity = (f"{key.name}|valid_vocab={self.valid_vocab}|layout={self.layout}|backend={self.backend}"
                     f"|options={sorted(self._options_of(key).items())}")
-        return self.executables.load_or_compile(identity, program, args)
+        return self.executables.load_or_compile(identity, program, args, on_lowered)
 
     def warmup(self, progress: Callable[[ProgramKey, float], None] | None = None, prime: bool = True,
-               keys: Sequence[ProgramKey] | None = None, workers: int = 1) -> None:
+               keys: Sequence[ProgramKey] | None = None, workers: int = 1,
+               lowered: Callable[[], None] | None = None) -> None:
         """Compile every program (or `keys` only) ahead of time (lowered for exactly the arguments `run` passes,
         then jit reuses the executable), or load it from the executable store / persistent compilation cache;
         `workers` of them at once, on threads. `prime`: then run once each step of at most `PRIME_TOKENS` tokens
         on empty rows (nothing written), so no request pays a program's first-run cost. Not on a multi-process
         mesh (every process would have to run them in step). `progress(key, seconds)` is called after each
-        program, with the seconds it took."""
+        program, with the seconds it took; `lowered()` once, as soon as every program is lowered or loaded (from
+        then on the warm-up mostly leaves the GIL free), from whichever thread got there."""
         keys = list(self.program_keys() if keys is None else keys)
-        for key, compiled, seconds in compile_each(self.compile, keys, workers):
+        each_lowered = countdown(len(keys), lowered)
+        compile_one = functools.partial(self.compile, on_lowered=each_lowered)
+        for key, compiled, seconds in compile_each(compile_one, keys, workers):
             self.adopt(key, compiled)
             if progress is not None:
                 progress(key, seconds)
@@ -445,6 +454,25 @@ class StepRunner:
         self._programs.clear()
         self._ones.clear()
         self.state = self.params = self._logits = self._out = None
+
+
+def countdown(n: int, then: Callable[[], None] | None) -> Callable[[], None] | None:
+    """A callable (thread-safe) that runs `then()` at its `n`-th call; with `n` 0, `then()` runs now."""
+    if then is None:
+        return None
+    if n <= 0:
+        then()
+        return None
+    left, lock = [n], threading.Lock()
+
+    def tick() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            then()
+
+    return tick
 
 
 def compile_each(compile_one: Callable[[ProgramKey], Any], keys: Sequence[ProgramKey], workers: int = 1):

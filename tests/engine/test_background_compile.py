@@ -337,3 +337,25 @@ def test_the_first_background_compile_waits_for_a_quiet_engine_and_the_others_on
     assert started[0] - t0 >= 0.5 + 0.4 - 0.06  # busy, then quiet for the whole period
     assert len(saved) == 1 and saved[0] - t0 >= 0.5 + 0.4 - 0.06 and saved[0] <= started[0]
     assert started[-1] - started[0] < 0.3  # the others wait for nothing: the engine is idle
+
+
+def test_the_warm_ups_lowered_callback_runs_once_after_every_first_program_is_lowered():
+    """`Engine.warm_up(lowered=...)` (what the grammar engine's build waits for): called once, from whichever
+    compile thread lowered the last of the first set, and not before."""
+    with Engine(FakeModel(TOK, eos=(EOS,)), warmup=False, start=False, programs="first", **SHAPES) as engine:
+        runner, events, lock = engine.runner, [], threading.Lock()
+        compile_one = runner.compile
+
+        def watched(key, on_lowered=None):
+            def lowered():
+                with lock:
+                    events.append(("lowered", key))
+                on_lowered()
+            return compile_one(key, on_lowered=lowered)
+
+        runner.compile = watched
+        engine.warm_up(lowered=lambda: events.append(("all lowered", None)))
+        first = runner.first_keys()
+        assert len(first) == 3 and [e for e, _ in events].count("all lowered") == 1
+        assert events[-1] == ("all lowered", None) and {k for _, k in events[:-1]} == set(first)
+        assert runner.programs_ready() == 3

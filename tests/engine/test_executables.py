@@ -158,3 +158,33 @@ def test_a_deferring_store_writes_its_files_only_when_asked_and_the_next_store_l
     again = ExecutableStore(tmp_path, "model-a")
     again.load_or_compile("step", PROGRAM, _args())
     assert (again.loaded, again.saved) == (1, 0)
+
+
+class _Watched:
+    """A jitted program whose lowering and compile are logged in `events`."""
+
+    def __init__(self, program, events: list[str]) -> None:
+        self.program, self.events = program, events
+
+    def lower(self, *args):
+        self.events.append("lower")
+        lowered = self.program.lower(*args)
+        events = self.events
+
+        class _Lowered:
+            def compile(self):
+                events.append("compile")
+                return lowered.compile()
+
+        return _Lowered()
+
+
+def test_on_lowered_runs_between_the_lowering_and_the_compile_and_once_a_program_is_loaded(tmp_path):
+    events: list[str] = []
+    program = _Watched(PROGRAM, events)
+    ExecutableStore(tmp_path, "model-a").load_or_compile("step", program, _args(), lambda: events.append("lowered"))
+    assert events == ["lower", "lowered", "compile"]
+    events.clear()
+    second = ExecutableStore(tmp_path, "model-a")
+    second.load_or_compile("step", program, _args(), lambda: events.append("lowered"))
+    assert second.loaded == 1 and events == ["lowered"]
