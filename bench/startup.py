@@ -1,7 +1,8 @@
 """Start-up benchmark: `jaxchat serve` from spawning it to the first answered tool call, cold (an empty
-compilation cache and executable store; the converted-weights cache as `scripts/bootstrap.sh` left it, or
-removed with `--clear-weights`; for the default model, each checkout's own asset preparation runs first, untimed,
-as scripts/bootstrap.sh does) and warm (the caches the cold start filled), and with `--against DIR` another
+compilation cache and executable store; the converted-weights cache (and, since `python -m jaxchat.prepare`,
+the grammar engine's tokenizer info) as `scripts/bootstrap.sh` left it, or the weights removed with
+`--clear-weights`; for the default model, each checkout's own asset preparation runs first, untimed, as
+scripts/bootstrap.sh does) and warm (the caches the cold start filled), and with `--against DIR` another
 checkout side by side in the same run, with the ratios this / other.
 
 Each start is a subprocess on a free 127.0.0.1 port with its own `--compile-cache` directory (a fresh
@@ -116,14 +117,16 @@ def clear_dequantized(model: str | None) -> None:
 
 
 def prepare_assets(root: Path, assets: Path | None = None) -> None:
-    """What scripts/bootstrap.sh's asset fetch does for the default model in the checkout at `root` (its own
-    converted-weights cache format): a newcomer's first start finds it. Not timed; a checkout without
-    `jaxchat.models.prepare_assets` is left as it is."""
-    if (root / "jaxchat" / "models" / "prepare_assets.py").exists():
+    """What scripts/bootstrap.sh's asset preparation does for the default model in the checkout at `root` (its own
+    `python -m jaxchat.prepare`, or before that existed `python -m jaxchat.models.prepare_assets`; its own cache
+    formats): a newcomer's first start finds it. Not timed; a checkout with neither is left as it is."""
+    module = next((m for m in ("jaxchat.prepare", "jaxchat.models.prepare_assets")
+                   if (root / (m.replace(".", "/") + ".py")).exists()), None)
+    if module is not None:
         sys.path.insert(0, str(ROOT))
         from jaxchat.assets import DEFAULT_MODEL
 
-        subprocess.run([sys.executable, "-m", "jaxchat.models.prepare_assets", DEFAULT_MODEL], cwd=root, check=True,
+        subprocess.run([sys.executable, "-m", module, DEFAULT_MODEL], cwd=root, check=True,
                        env={**os.environ, "PYTHONPATH": str(root), **({"JAXCHAT_CACHE": str(assets)} if assets else {})},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -13,6 +13,6 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 if [ "${1:-}" != "--no-assets" ]; then
   .venv/bin/python -m jaxchat.assets fetch
-  # The GGUF models' converted weights and tokenizers, so that a first start maps them instead of converting.
-  .venv/bin/python -m jaxchat.models.prepare_assets
+  # The GGUF models' converted weights, tokenizers and grammar tables, so that a first start maps and reads them.
+  .venv/bin/python -m jaxchat.prepare
 fi

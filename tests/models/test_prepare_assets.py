@@ -1,5 +1,5 @@
-"""`python -m jaxchat.models.prepare_assets` runs after the asset fetch in scripts/bootstrap.sh; what it writes ahead
-of a first load is checked against what a load writes in tests/models/test_loading.py
+"""`python -m jaxchat.models.prepare_assets` (run by `python -m jaxchat.prepare`, tests/test_prepare.py); what it
+writes ahead of a first load is checked against what a load writes in tests/models/test_loading.py
 (`test_gguf_dequantised_tensors_are_cached`)."""
 
 from __future__ import annotations
@@ -16,9 +16,3 @@ def test_assets_not_fetched_are_skipped_and_unknown_names_refused(tmp_path, monk
     assert prepare_assets.main(["no-such.gguf"]) == 1
     assert "not a GGUF asset: no-such.gguf" in capsys.readouterr().err
 
-
-def test_bootstrap_prepares_after_fetching():
-    from pathlib import Path
-
-    script = (Path(__file__).resolve().parents[2] / "scripts" / "bootstrap.sh").read_text()
-    assert script.index("jaxchat.assets fetch") < script.index("jaxchat.models.prepare_assets")
