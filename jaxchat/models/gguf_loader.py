@@ -145,12 +145,13 @@ def gguf_tokenizer(path: Path, template: str | None):
     import tempfile
 
     from jaxchat.assets import cache_dir
+    from jaxchat.models.saved_tokenizer import load_saved_tokenizer
 
     st = path.stat()
     cached = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
     use_cache = os.environ.get("JAXCHAT_TOKENIZER_CACHE", "1") != "0"
     if use_cache and (cached / "tokenizer_config.json").exists():
-        return _saved_tokenizer_class(cached).from_pretrained(str(cached))
+        return load_saved_tokenizer(cached)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -168,27 +169,6 @@ def gguf_tokenizer(path: Path, template: str | None):
         except OSError:
             pass  # a read-only cache only costs speed
     return tok
-
-
-def _saved_tokenizer_class(saved: Path):
-    """The class `save_pretrained` named in `saved`'s tokenizer_config.json (what `AutoTokenizer` would pick), taken
-    from transformers directly: `AutoTokenizer`'s own lookup imports the model configurations and, through them,
-    torch (2.8 s of a warm start's 3.9 s tokenizer load here). `AutoTokenizer` when it names none transformers
-    has."""
-    import json
-
-    import transformers
-
-    try:
-        name = json.loads((saved / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError):
-        name = None
-    found = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
-    if isinstance(found, type) and hasattr(found, "from_pretrained"):
-        return found
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer
 
 
 def dequantized_cache_file(path: Path) -> Path | None:

@@ -367,3 +367,65 @@ print(type(tok).__name__, "torch" in sys.modules)
     messages = [{"role": "user", "content": "hi"}]
     assert (tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+
+def test_a_saved_tokenizer_is_unpickled_on_later_loads_the_same_as_from_pretrained_and_read_afresh_when_stale(
+        tmp_path, caplog):
+    """`saved_tokenizer`: the first load of a saved tokenizer pickles it behind a version header; later loads
+    unpickle it (no `from_pretrained`) into a tokenizer that encodes, decodes and renders the chat template as the
+    saved folder does; a header of other versions or a broken file is read afresh and pickled again."""
+    import pickle
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from jaxchat.assets import DEFAULT_MODEL, asset_path, cache_dir
+    from jaxchat.models import saved_tokenizer
+
+    path = asset_path(DEFAULT_MODEL)
+    st = path.stat() if path.exists() else None
+    saved = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}" if st else None
+    if saved is None or not (saved / "tokenizer_config.json").exists():
+        pytest.skip("the default model's tokenizer is not converted (python -m jaxchat.prepare)")
+    folder = tmp_path / "saved"
+    shutil.copytree(saved, folder, ignore=shutil.ignore_patterns(saved_tokenizer.PICKLE_NAME))
+    reference = AutoTokenizer.from_pretrained(str(saved))
+    cls = saved_tokenizer.saved_tokenizer_class(folder)
+    calls = []
+    real = cls.from_pretrained.__func__
+
+    def counted(klass, *args, **kwargs):
+        calls.append(args)
+        return real(klass, *args, **kwargs)
+
+    pickled = folder / saved_tokenizer.PICKLE_NAME
+    text = "<|im_start|>user\nWhat's 2 + 2? ünïcode\t<tool_call>{\"a\": 1}</tool_call><|im_end|>"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+    def same_as_reference(tok) -> None:
+        assert type(tok) is type(reference)
+        assert tok.encode(text) == reference.encode(text)
+        ids = reference.encode(text)
+        assert tok.decode(ids, skip_special_tokens=False) == reference.decode(ids, skip_special_tokens=False)
+        assert (tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+                == reference.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True))
+        assert tok.all_special_ids == reference.all_special_ids and len(tok) == len(reference)
+
+    from unittest import mock
+
+    with mock.patch.object(cls, "from_pretrained", classmethod(counted)):
+        same_as_reference(saved_tokenizer.load_saved_tokenizer(folder))
+        assert len(calls) == 1 and pickled.exists()
+        same_as_reference(saved_tokenizer.load_saved_tokenizer(folder))
+        assert len(calls) == 1  # unpickled
+        with open(pickled, "wb") as f:  # other versions wrote it
+            pickle.dump(("jaxchat-tokenizer", 1, "0.0", "0.0"), f)
+            pickle.dump("not a tokenizer", f)
+        same_as_reference(saved_tokenizer.load_saved_tokenizer(folder))
+        assert len(calls) == 2
+        pickled.write_bytes(pickled.read_bytes()[:1000])  # cut short
+        same_as_reference(saved_tokenizer.load_saved_tokenizer(folder))
+        assert len(calls) == 3 and "could not unpickle" in caplog.text
+        same_as_reference(saved_tokenizer.load_saved_tokenizer(folder))
+        assert len(calls) == 3
