@@ -137,8 +137,9 @@ def _tensor(t, name: str, arch: str, cfg_heads: tuple[int, int]) -> Tensor:
 def gguf_tokenizer(path: Path, template: str | None):
     """The GGUF's tokenizer through transformers; the (slow) conversion is cached on disk.
 
-    The cache lives in `$JAXCHAT_CACHE/tokenizers/<stem>-<size>-<mtime_ns>` (save_pretrained output);
-    set JAXCHAT_TOKENIZER_CACHE=0 to always convert.
+    The cache lives in `$JAXCHAT_CACHE/tokenizers/<stem>-<size>-<mtime_ns>` (save_pretrained output, which
+    `saved_tokenizer.load_saved_tokenizer` reads, pickled after its first load); set JAXCHAT_TOKENIZER_CACHE=0 to
+    always convert.
     """
     import os
     import shutil
