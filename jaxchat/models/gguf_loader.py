@@ -145,11 +145,9 @@ def gguf_tokenizer(path: Path, template: str | None):
     import shutil
     import tempfile
 
-    from jaxchat.assets import cache_dir
     from jaxchat.models.saved_tokenizer import load_saved_tokenizer
 
-    st = path.stat()
-    cached = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
+    cached = converted_tokenizer_dir(path)
     use_cache = os.environ.get("JAXCHAT_TOKENIZER_CACHE", "1") != "0"
     if use_cache and (cached / "tokenizer_config.json").exists():
         return load_saved_tokenizer(cached)
@@ -170,6 +168,14 @@ def gguf_tokenizer(path: Path, template: str | None):
         except OSError:
             pass  # a read-only cache only costs speed
     return tok
+
+
+def converted_tokenizer_dir(path: Path) -> Path:
+    """Where `gguf_tokenizer` keeps the converted tokenizer of the GGUF file at `path` (`save_pretrained` output)."""
+    from jaxchat.assets import cache_dir
+
+    st = path.stat()
+    return cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
 
 
 def dequantized_cache_file(path: Path) -> Path | None:

@@ -355,11 +355,9 @@ print(type(tok).__name__, "torch" in sys.modules)
 
     from transformers import AutoTokenizer
 
-    from jaxchat.assets import cache_dir
-    from jaxchat.models.gguf_loader import gguf_tokenizer
+    from jaxchat.models.gguf_loader import converted_tokenizer_dir, gguf_tokenizer
 
-    st = path.stat()
-    saved = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
+    saved = converted_tokenizer_dir(path)
     reference, tok = AutoTokenizer.from_pretrained(str(saved)), gguf_tokenizer(path, None)
     assert name == type(tok).__name__ == type(reference).__name__
     text = "<|im_start|>user\nWhat's 2 + 2? ünïcode\t<tool_call>{\"a\": 1}</tool_call><|im_end|>"
@@ -379,12 +377,12 @@ def test_a_saved_tokenizer_is_unpickled_on_later_loads_the_same_as_from_pretrain
 
     from transformers import AutoTokenizer
 
-    from jaxchat.assets import DEFAULT_MODEL, asset_path, cache_dir
+    from jaxchat.assets import DEFAULT_MODEL, asset_path
     from jaxchat.models import saved_tokenizer
+    from jaxchat.models.gguf_loader import converted_tokenizer_dir
 
     path = asset_path(DEFAULT_MODEL)
-    st = path.stat() if path.exists() else None
-    saved = cache_dir() / "tokenizers" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}" if st else None
+    saved = converted_tokenizer_dir(path) if path.exists() else None
     if saved is None or not (saved / "tokenizer_config.json").exists():
         pytest.skip("the default model's tokenizer is not converted (python -m jaxchat.prepare)")
     folder = tmp_path / "saved"
