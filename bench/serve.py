@@ -20,12 +20,15 @@ in `json` mode the prompts are token for token the same. A constraint ends a req
 its grammar completes, so the table also shows the mean tokens per request of each mode; under `mix` it
 breaks the constrained level down by family (tokens per request, TTFT, the time to the first chunk, TPOT), and
 runs a third level, `matched`: the same requests unconstrained, each as long as its family's constrained ones
-were (greedy: a family always writes as many tokens), so mix / matched compares equal work.
+were (greedy: a family always writes as many tokens), so mix / matched compares equal work. The host's speed
+drifts by tens of percent over minutes on shared machines, so `--rounds N` runs the (mix, matched) pair of levels N
+times in turn and reports each round's ratio, their median and the pooled ratio.
 
 Writes `serve.json` (config, per-level figures, ratios) and `serve.png` into `--out`.
 
     python bench/serve.py [--model PATH] [--concurrency 1,4,16] [--max-tokens 32]
-                          [--requests-per-level N] [--constraint json|tools] [--out bench/results]
+                          [--requests-per-level N] [--constraint json|tools|mix] [--rounds N]
+                          [--out bench/results]
                           [--peer http://127.0.0.1:8080/v1]
 """
 
@@ -37,6 +40,7 @@ import itertools
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -119,8 +123,10 @@ class Level:
     mode: str
     concurrency: int
     requests: int
+    round: int = 1  # under `mix` with `--rounds`: which (mix, matched) pair of levels this is
     wall_s: float = 0.0
     output_tokens: int = 0
+    drafts: tuple[float, float] | None = None  # speculative tokens (drafted, accepted) during the level (/metrics)
     samples: list[Sample] = field(default_factory=list)
 
     def summary(self) -> dict:
@@ -131,12 +137,14 @@ class Level:
             return float(np.percentile(xs, q)) if xs else float("nan")
 
         return {
-            "mode": self.mode, "concurrency": self.concurrency, "requests": self.requests,
+            "mode": self.mode, "concurrency": self.concurrency, "requests": self.requests, "round": self.round,
             "wall_s": self.wall_s, "output_tokens": self.output_tokens,
             "output_tokens_per_s": self.output_tokens / self.wall_s if self.wall_s else 0.0,
             "mean_tokens_per_request": self.output_tokens / max(1, len(self.samples)),
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
             "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99),
+            "drafted_tokens": self.drafts[0] if self.drafts else None,
+            "accepted_drafts": self.drafts[1] if self.drafts else None,
             "first_chunk_p99_s": pct([s.first_chunk for s in self.samples], 99),
             "families": {f: _family(self.samples, f, pct) for f in sorted({s.family for s in self.samples} - {""})},
         }
@@ -231,6 +239,23 @@ async def one_request(client, model: str, fields: dict, max_tokens: int) -> Samp
     return Sample(first - t0, tpot, tokens, family, opened - t0)
 
 
+def draft_counts(base_url: str) -> tuple[float, float] | None:
+    """jaxchat's speculative counters (drafted, accepted tokens) from /metrics; None from a server without them."""
+    try:
+        with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("jaxchat_spec_draft_tokens_total", "jaxchat_spec_accepted_tokens_total"):
+            values[name] = float(value)
+    if len(values) < 2:
+        return None
+    return values["jaxchat_spec_draft_tokens_total"], values["jaxchat_spec_accepted_tokens_total"]
+
+
 async def run_level(client, model: str, level: Level, fields: dict, max_tokens: int, bar) -> None:
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(level.requests):
@@ -247,9 +272,14 @@ async def run_level(client, model: str, level: Level, fields: dict, max_tokens: 
             level.output_tokens += sample.tokens
             bar.update(1)
 
+    base_url = str(client.base_url).rstrip("/")
+    before = await asyncio.to_thread(draft_counts, base_url)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(level.concurrency)))
     level.wall_s = time.perf_counter() - t0
+    after = await asyncio.to_thread(draft_counts, base_url)
+    if before is not None and after is not None:
+        level.drafts = (after[0] - before[0], after[1] - before[1])
 
 
 async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[Level]]:
@@ -271,7 +301,9 @@ async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[
         n = args.requests_per_level or max(4, 2 * c)
         levels += [Level(m, c, n) for m in modes]
     matched = args.constraint == "mix" and "unconstrained" in modes
-    total = sum(lv.requests for lv in levels) * (1.5 if matched else 1)
+    rounds = args.rounds if matched else 1
+    total = sum(lv.requests for lv in levels) * (1.5 if matched else 1) + sum(
+        2 * lv.requests * (rounds - 1) for lv in levels if lv.mode == "mix")
     with tqdm(total=int(total), unit="req", desc="serve bench") as bar:
         for level in levels:
             bar.set_postfix_str(f"{level.mode} c={level.concurrency}")
@@ -285,6 +317,12 @@ async def drive(args, base_url: str, modes: tuple[str, ...]) -> tuple[str, list[
                 bar.set_postfix_str(f"matched c={level.concurrency}")
                 await run_level(client, model, level, {"matched": lengths}, args.max_tokens, bar)
                 levels.append(level)
+                for r in range(2, rounds + 1):  # the host's speed drifts: more (mix, matched) pairs, alternating
+                    for mode, fields in (("mix", mode_fields["mix"]), ("matched", {"matched": lengths})):
+                        level = Level(mode, mixed.concurrency, mixed.requests, round=r)
+                        bar.set_postfix_str(f"{mode} c={level.concurrency} round {r}")
+                        await run_level(client, model, level, fields, args.max_tokens, bar)
+                        levels.append(level)
     await client.close()
     return model, levels
 
@@ -295,17 +333,22 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
     lines = [f"{'mode':<14}{'conc':>5}{'reqs':>6}{'tok/req':>8}{'tok/s':>9}"
              f"{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"]
     for s in summaries:
-        lines.append(f"{s['mode']:<14}{s['concurrency']:>5}{s['requests']:>6}{s['mean_tokens_per_request']:>8.1f}"
+        mode = s["mode"] + (f" r{s['round']}" if s["round"] > 1 else "")
+        drafts = ("" if s.get("drafted_tokens") is None else
+                  f"  drafts {s['accepted_drafts']:.0f}/{s['drafted_tokens']:.0f} accepted")
+        lines.append(f"{mode:<14}{s['concurrency']:>5}{s['requests']:>6}{s['mean_tokens_per_request']:>8.1f}"
                      f"{s['output_tokens_per_s']:>9.2f}{s['ttft_p50_s']:>9.2f}s{s['ttft_p99_s']:>9.2f}s"
-                     f"{s['tpot_p50_s'] * 1e3:>8.0f}ms{s['tpot_p99_s'] * 1e3:>8.0f}ms")
+                     f"{s['tpot_p50_s'] * 1e3:>8.0f}ms{s['tpot_p99_s'] * 1e3:>8.0f}ms{drafts}")
     for s in summaries:
-        if s.get("families"):
+        if s.get("families") and s["round"] == 1:
             lines.append(f"  {s['mode']} c={s['concurrency']} by family (first chunk: the role chunk, sent once "
                          f"the request is admitted; p99 over all {s['first_chunk_p99_s']:.2f}s):")
             for name, f in s["families"].items():
                 lines.append(f"    {name:<8}{f['requests']:>4} reqs {f['mean_tokens_per_request']:>6.1f} tok/req  "
                              f"TTFT p50 {f['ttft_p50_s']:.2f}s max {f['ttft_max_s']:.2f}s  first chunk max "
                              f"{f['first_chunk_max_s']:.2f}s  TPOT p50 {f['tpot_p50_s'] * 1e3:.0f}ms")
+    rounds = [s for s in summaries if s["round"] > 1]
+    summaries = [s for s in summaries if s["round"] == 1]
     ratios = []
     lines.append("")
     lines.append(f"constrained ({constraint}) / unconstrained, per concurrency (target >= 0.95):")
@@ -332,6 +375,25 @@ def report(summaries: list[dict], constraint: str) -> tuple[str, list[dict]]:
             ok = "ok" if r["matched_tokens_per_s"] >= 0.95 else "BELOW TARGET"
             lines.append(f"  c={c:<3} tokens/s ratio {r['matched_tokens_per_s']:.3f} ({ok}); per-token speed ratio "
                          f"{r['matched_tpot_p50']:.3f}; TTFT p99 mix / matched {r['matched_ttft_p99']:.2f}")
+    if rounds:
+        lines += ["", "mix / matched tokens/s, each round a (mix, matched) pair run one after the other (round 1 is "
+                  "the table's); the median and the pooled ratio (all rounds' tokens over their time):"]
+        for c in sorted({s["concurrency"] for s in summaries}):
+            pairs = [(by[("mix", c)], by[("matched", c)])] + [
+                (k, u) for k in rounds for u in rounds
+                if k["mode"] == "mix" and u["mode"] == "matched" and k["round"] == u["round"] and
+                k["concurrency"] == u["concurrency"] == c]
+            each = [k["output_tokens_per_s"] / u["output_tokens_per_s"] for k, u in pairs]
+
+            def rate(levels):
+                return sum(x["output_tokens"] for x in levels) / sum(x["wall_s"] for x in levels)
+
+            r = {"concurrency": c, "rounds": each, "rounds_median": float(np.median(each)),
+                 "rounds_pooled": rate([k for k, _ in pairs]) / rate([u for _, u in pairs])}
+            ratios.append(r)
+            ok = "ok" if r["rounds_median"] >= 0.95 else "BELOW TARGET"
+            lines.append(f"  c={c:<3} per round {' '.join(f'{x:.3f}' for x in each)}; median {r['rounds_median']:.3f} "
+                         f"({ok}); pooled {r['rounds_pooled']:.3f}")
     if ("peer", min(s["concurrency"] for s in summaries)) in by:
         lines.append("")
         lines.append("jaxchat / peer (the same client and load, unconstrained), per concurrency:")
@@ -356,7 +418,7 @@ def plot(summaries: list[dict], constraint: str, path: Path, title: str) -> None
               ("tpot_p50_s", "TPOT p50 (ms)", 1e3)]
     for ax, (key, label, scale) in zip(axes, panels, strict=True):
         for mode, marker in (("unconstrained", "o-"), (constraint, "s--"), ("peer", "^:")):
-            rows = [s for s in summaries if s["mode"] == mode]
+            rows = [s for s in summaries if s["mode"] == mode and s["round"] == 1]
             if not rows:
                 continue
             ax.plot([s["concurrency"] for s in rows], [s[key] * scale for s in rows], marker, label=mode)
@@ -383,8 +445,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests per level and mode (default: 2 x concurrency, at least 4)")
     p.add_argument("--constraint", choices=("json", "tools", "mix"), default="json",
                    help="json: a json_schema response format; tools: tool_choice required")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="under --constraint mix: run the (mix, matched) pair of levels this many times in turn and "
+                        "report each round's ratio, their median and the pooled ratio (the host's speed drifts)")
     p.add_argument("--max-batch", type=int, default=None, help="server slots (default: the largest concurrency)")
     p.add_argument("--max-context", type=int, default=512, help="server context per sequence")
+    p.add_argument("--serve-args", default="", metavar="FLAGS",
+                   help="more flags for jaxchat serve, one string (e.g. \"--speculative off\")")
     p.add_argument("--startup-timeout", type=float, default=900)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--peer", default=None, metavar="URL",
@@ -402,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     port = free_port()
     log_path = out / "serve.log"
-    proc = start_server(args, port, log_path)
+    proc = start_server(args, port, log_path, tuple(shlex.split(args.serve_args)))
     try:
         ready_s = wait_healthy(proc, port, log_path, args.startup_timeout)
         print(f"jaxchat serve ready in {ready_s:.0f} s (port {port}, max batch {args.max_batch}, "
@@ -426,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "server_ready_s": ready_s, "total_s": total, "server_exit_code": code,
         "levels": summaries, "ratios": ratios,
-        "samples": {f"{lv.mode}@{lv.concurrency}": [asdict(s) for s in lv.samples] for lv in levels},
+        "samples": {f"{lv.mode}@{lv.concurrency}" + (f"#{lv.round}" if lv.round > 1 else ""): [asdict(s) for s in lv.samples] for lv in levels},
     }
     (out / "serve.json").write_text(json.dumps(result, indent=2))
     plot(summaries, args.constraint, out / "serve.png",
