@@ -462,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not args.concurrency or min(args.concurrency) < 1 or args.max_tokens < 2:
         p.error("--concurrency needs positive levels and --max-tokens at least 2")
+    if args.rounds < 1 or (args.rounds > 1 and args.constraint != "mix"):
+        p.error("--rounds needs --constraint mix and at least 1")
     args.max_batch = args.max_batch or max(args.concurrency)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
