@@ -33,30 +33,19 @@ import xgrammar as xgr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import serve  # noqa: E402
-from mix_mask_fill import TEXTS, VOCAB  # noqa: E402
+from mix_mask_fill import TEXTS, VOCAB, mix_constraint_maker  # noqa: E402
 
-from jaxchat.api import parse_chat_request  # noqa: E402
 from jaxchat.bitmask import mask_words  # noqa: E402
-from jaxchat.chat import chat_format_make  # noqa: E402
-from jaxchat.constrain.grammar_engine import GrammarEngine  # noqa: E402
 
 ROWS, HIDDEN, FFN, LAYERS, PAST_TOKENS, REPEATS = 16, 896, 4864, 24, 5, 12
 
 
 def costly_matchers() -> list[xgr.GrammarMatcher]:
     """Three regex and three EBNF rows of the serve mix, each `PAST_TOKENS` tokens into its output."""
-    from jaxchat.assets import DEFAULT_MODEL, asset_path
-    from jaxchat.models.gguf_loader import gguf_tokenizer
-
-    tok = gguf_tokenizer(asset_path(DEFAULT_MODEL), None)
-    engine = GrammarEngine(tok, vocab_size=VOCAB)
-    spec = chat_format_make("hermes_json")
+    tok, make = mix_constraint_maker()
     matchers = []
     for family in ("regex", "ebnf") * 3:
-        fields = serve.MIX[serve.MIX_FAMILIES.index(family)]
-        constraint = engine.make(spec, parse_chat_request({"messages": serve.MESSAGES, **fields}).constraint, "")
-        matcher = constraint.fresh_matcher()
+        matcher = make(family)[0].fresh_matcher()
         for token in tok.encode(TEXTS[family], add_special_tokens=False)[:PAST_TOKENS]:
             if not matcher.accept_token(token):
                 raise SystemExit(f"{family}: the sample text left the grammar")

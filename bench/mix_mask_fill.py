@@ -44,20 +44,29 @@ TEXTS = {  # a valid output of each family (greedy-like: what the serve bench's 
 }
 
 
-def main() -> int:
+def mix_constraint_maker():
+    """The default model's tokenizer, and `make(family) -> (constraint, seconds)`: a new constraint of the serve
+    mix's family on that tokenizer and chat format, and how long its build took (its grammar's compile included
+    the first time)."""
     from jaxchat.assets import DEFAULT_MODEL, asset_path
     from jaxchat.models.gguf_loader import gguf_tokenizer
 
     tok = gguf_tokenizer(asset_path(DEFAULT_MODEL), None)
     engine = GrammarEngine(tok, vocab_size=VOCAB)
     spec = chat_format_make("hermes_json")  # the default model's format
-    words = mask_words(VOCAB)
 
     def make(family: str):
         fields = serve.MIX[serve.MIX_FAMILIES.index(family)]
         request = parse_chat_request({"messages": serve.MESSAGES, **fields})
         t0 = time.perf_counter()
         return engine.make(spec, request.constraint, ""), time.perf_counter() - t0
+
+    return tok, make
+
+
+def main() -> int:
+    tok, make = mix_constraint_maker()
+    words = mask_words(VOCAB)
 
     for family, text in TEXTS.items():
         constraint, build = make(family)
